@@ -1,0 +1,3 @@
+//! gantry: a containerd shim v2 runtime handler.
+
+pub mod devices;
