@@ -1,3 +1,20 @@
-//! gantry: a containerd shim v2 runtime handler.
+//! gantry: a containerd shim v2 runtime handler. One daemon per pod serves the Task API over
+//! ttrpc for CRI-O and containerd, drives runc or crun, and edits the OCI spec on the way
+//! (GPU devices) before the runtime sees it.
 
+pub mod args;
+pub mod bootstrap;
+pub mod config;
+pub mod container;
+pub mod daemon;
 pub mod devices;
+pub mod events;
+pub mod io;
+pub mod logging;
+pub mod mount;
+pub mod options;
+pub mod process;
+pub mod reaper;
+pub mod runtime;
+pub mod service;
+pub mod spec;

@@ -1,1 +1,48 @@
-fn main() {}
+//! `containerd-shim-gantry-v2`: entry point. Parses Go-style flags and dispatches to the
+//! action the engine asked for.
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use gantry::args::{self, Action};
+use gantry::{bootstrap, daemon};
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("containerd-shim-gantry-v2: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn current_thread() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")
+}
+
+fn run() -> Result<()> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let (flags, action) = args::parse(&argv)?;
+    let mut out = std::io::stdout();
+    match action {
+        Action::Version => out.write_all(bootstrap::version_text().as_bytes())?,
+        Action::Info => out.write_all(&current_thread()?.block_on(bootstrap::info()))?,
+        Action::Features => out.write_all(&current_thread()?.block_on(bootstrap::features())?)?,
+        Action::CheckConfig(path) => {
+            out.write_all(bootstrap::check_config(path.as_deref())?.as_bytes())?
+        }
+        Action::Start => {
+            let stdin = bootstrap::read_stdin();
+            let address = bootstrap::start(&flags, &stdin)?;
+            out.write_all(address.as_bytes())?;
+        }
+        Action::Delete => {
+            let resp = current_thread()?.block_on(bootstrap::delete(&flags))?;
+            out.write_all(&protobuf::Message::write_to_bytes(&resp)?)?;
+        }
+        Action::Serve => daemon::serve(&flags)?,
+    }
+    out.flush()?;
+    Ok(())
+}

@@ -1,0 +1,378 @@
+//! The short-lived invocations engines make: `start` (find or spawn the pod's daemon and print
+//! its address), `delete` (clean up after a daemon that died), and the probes (`-v`, `-info`,
+//! `features`, `check-config`), none of which starts a daemon.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use containerd_shim_protos::api::DeleteResponse;
+use containerd_shim_protos::protobuf::Message;
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use crate::args::Flags;
+use crate::config::{Config, ConfigError};
+use crate::container::{RuntimeRecord, INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG};
+use crate::options::{self, EngineOptions};
+use crate::reaper::Reaper;
+use crate::runtime::OciRuntime;
+use crate::spec;
+
+/// The fd numbers the daemon inherits: its bound listener and the ready pipe.
+pub const LISTENER_FD: i32 = 3;
+pub const READY_FD: i32 = 4;
+/// Unix socket paths are limited to 108 bytes including the NUL.
+const MAX_SOCKET_PATH: usize = 107;
+
+#[derive(Debug, Error)]
+pub enum BootstrapError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("socket path {0:?} is longer than 107 bytes; choose a shorter shim.socket_dir")]
+    SocketTooLong(PathBuf),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("daemon did not become ready: {0}")]
+    NotReady(String),
+    #[error("{0}")]
+    Runtime(#[from] crate::runtime::RuntimeError),
+}
+
+fn io_err<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> BootstrapError + 'a {
+    move |source| BootstrapError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Reads whatever the engine put on stdin without ever blocking on an idle one.
+pub fn read_stdin() -> Vec<u8> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let stdin = std::io::stdin();
+    let fd = stdin.as_fd_borrowed();
+    let mut data = Vec::new();
+    let deadline = Instant::now() + Duration::from_millis(500);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        let timeout =
+            PollTimeout::try_from(left.as_millis().min(500) as i32).unwrap_or(PollTimeout::ZERO);
+        match poll(&mut fds, timeout) {
+            Ok(n) if n > 0 => {}
+            _ => return data,
+        }
+        let mut buf = [0u8; 8192];
+        match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+            Ok(0) | Err(_) => return data,
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+        }
+        if data.len() > 1 << 20 {
+            return data;
+        }
+    }
+}
+
+trait AsFdBorrowed {
+    fn as_fd_borrowed(&self) -> std::os::fd::BorrowedFd<'_>;
+}
+impl AsFdBorrowed for std::io::Stdin {
+    fn as_fd_borrowed(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(self)
+    }
+}
+
+/// Socket of the daemon serving `group` in `namespace`: a hash keeps it short and fixed-size.
+pub fn socket_path(
+    socket_dir: &Path,
+    namespace: &str,
+    group: &str,
+) -> Result<PathBuf, BootstrapError> {
+    let digest = Sha256::digest(format!("{namespace}/{group}").as_bytes());
+    let name: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    let path = socket_dir.join(name);
+    if path.as_os_str().len() > MAX_SOCKET_PATH {
+        return Err(BootstrapError::SocketTooLong(path));
+    }
+    Ok(path)
+}
+
+/// The bundle this invocation is about: `-bundle`, else the working directory.
+pub fn bundle_dir(flags: &Flags) -> PathBuf {
+    if !flags.bundle.is_empty() {
+        return PathBuf::from(&flags.bundle);
+    }
+    std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
+}
+
+/// `start`: returns the `unix://` address of the daemon for this container's group.
+pub fn start(flags: &Flags, stdin: &[u8]) -> Result<String, BootstrapError> {
+    let bundle = bundle_dir(flags);
+    let engine = options::from_stdin(stdin, &flags.id, &flags.namespace);
+    let (config, _) = Config::resolve(engine.config_path.as_deref())?;
+    let group = spec::load(&bundle)
+        .ok()
+        .and_then(|(s, _)| spec::group_id(&spec::annotations(&s)))
+        .unwrap_or_else(|| flags.id.clone());
+    let socket_dir = &config.shim.socket_dir;
+    std::fs::create_dir_all(socket_dir).map_err(io_err("create", socket_dir))?;
+    let sock = socket_path(socket_dir, &flags.namespace, &group)?;
+    let address = format!("unix://{}", sock.display());
+
+    // Serialise starts so two containers of one pod never spawn two daemons.
+    let dir = File::open(socket_dir).map_err(io_err("open", socket_dir))?;
+    let dir = nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| io_err("lock", socket_dir)(e.into()))?;
+
+    let pid = match UnixStream::connect(&sock) {
+        Ok(conn) => peer_pid(&conn).unwrap_or(0),
+        Err(_) => spawn_daemon(flags, &bundle, &sock, &engine)?,
+    };
+    drop(dir);
+    std::fs::write(bundle.join("address"), &address).map_err(io_err("write", &bundle))?;
+    std::fs::write(bundle.join("shim.pid"), pid.to_string()).map_err(io_err("write", &bundle))?;
+    Ok(address)
+}
+
+fn peer_pid(conn: &UnixStream) -> Option<i32> {
+    nix::sys::socket::getsockopt(conn, nix::sys::socket::sockopt::PeerCredentials)
+        .ok()
+        .map(|c| c.pid())
+}
+
+/// Binds the socket, spawns the daemon on it and waits until it serves. Returns its pid.
+fn spawn_daemon(
+    flags: &Flags,
+    bundle: &Path,
+    sock: &Path,
+    engine: &EngineOptions,
+) -> Result<i32, BootstrapError> {
+    let _ = std::fs::remove_file(sock);
+    let listener = UnixListener::bind(sock).map_err(io_err("bind", sock))?;
+    let cleanup = |e| {
+        let _ = std::fs::remove_file(sock);
+        e
+    };
+    std::fs::set_permissions(sock, std::fs::Permissions::from_mode(0o600))
+        .map_err(io_err("chmod", sock))
+        .map_err(cleanup)?;
+    let (ready_r, ready_w) =
+        nix::unistd::pipe().map_err(|e| cleanup(io_err("pipe", sock)(e.into())))?;
+    let exe = std::env::current_exe().map_err(|e| cleanup(io_err("locate self", sock)(e)))?;
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "-namespace",
+        &flags.namespace,
+        "-id",
+        &flags.id,
+        "-address",
+        &flags.address,
+    ]);
+    cmd.args(["-publish-binary", &flags.publish_binary]);
+    cmd.arg("-socket").arg(sock);
+    if flags.debug {
+        cmd.arg("-debug");
+    }
+    if let Some(p) = &engine.config_path {
+        cmd.env(crate::config::CONFIG_ENV, p);
+    }
+    cmd.current_dir(bundle)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let listen_fd = listener.as_raw_fd();
+    let ready_fd = ready_w.as_raw_fd();
+    // SAFETY: only async-signal-safe calls (setsid, dup2) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid()?;
+            for (from, to) in [(listen_fd, LISTENER_FD), (ready_fd, READY_FD)] {
+                if libc::dup2(from, to) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| cleanup(io_err("spawn daemon for", sock)(e)))?;
+    drop(ready_w);
+    drop(listener);
+    let pid = child.id() as i32;
+    match wait_ready(ready_r, Duration::from_secs(10)) {
+        Ok(()) => Ok(pid),
+        Err(e) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            Err(cleanup(e))
+        }
+    }
+}
+
+fn wait_ready(ready: OwnedFd, timeout: Duration) -> Result<(), BootstrapError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(
+        std::os::fd::AsFd::as_fd(&ready),
+        PollFlags::POLLIN,
+    )];
+    let t = PollTimeout::try_from(timeout.as_millis() as i32).unwrap_or(PollTimeout::MAX);
+    match poll(&mut fds, t) {
+        Ok(0) => return Err(BootstrapError::NotReady("timed out".into())),
+        Err(e) => return Err(BootstrapError::NotReady(e.to_string())),
+        Ok(_) => {}
+    }
+    let mut b = [0u8; 1];
+    match File::from(ready).read(&mut b) {
+        Ok(1) => Ok(()),
+        _ => Err(BootstrapError::NotReady(
+            "daemon exited before serving".into(),
+        )),
+    }
+}
+
+/// `delete`: cleans up a bundle whose daemon is gone, as containerd asks after a shim died.
+pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
+    let bundle = bundle_dir(flags);
+    let record: Option<RuntimeRecord> = std::fs::read(bundle.join(RUNTIME_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let reaper = Reaper::default();
+    reaper.start().map_err(io_err("signal handler", &bundle))?;
+    let (binary, root, systemd) = match &record {
+        Some(r) => (r.binary.clone(), r.root.clone(), r.systemd_cgroup),
+        None => {
+            let (c, _) = Config::resolve(None)?;
+            (
+                c.runtime.binary,
+                c.runtime.root.join(&flags.namespace),
+                c.runtime.systemd_cgroup,
+            )
+        }
+    };
+    let rt = OciRuntime::new(&binary, root, systemd, bundle.join(RUNTIME_LOG), reaper);
+    match rt.delete(&flags.id, true).await {
+        Ok(()) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e.into()),
+    }
+    let _ = crate::mount::unmount_all(&bundle.join("rootfs"));
+    let pid = std::fs::read_to_string(bundle.join(INIT_PID_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    // The dead daemon's socket, if nothing serves it any more.
+    if let Ok(addr) = std::fs::read_to_string(bundle.join("address")) {
+        let path = Path::new(addr.trim().trim_start_matches("unix://"));
+        if UnixStream::connect(path).is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    for f in [INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG] {
+        let _ = std::fs::remove_file(bundle.join(f));
+    }
+    Ok(DeleteResponse {
+        pid,
+        exit_status: 137,
+        exited_at: crate::events::ts_field(Some(SystemTime::now())),
+        ..Default::default()
+    })
+}
+
+/// `-v`: name, version and git revision.
+pub fn version_text() -> String {
+    format!(
+        "containerd-shim-gantry-v2:\n  Version:  {}\n  Revision: {}\n  Rust version: {}\n",
+        env!("CARGO_PKG_VERSION"),
+        env!("GANTRY_GIT_REVISION"),
+        env!("GANTRY_RUSTC_VERSION"),
+    )
+}
+
+/// `features`: the configured OCI runtime's own features JSON.
+pub async fn features() -> Result<Vec<u8>, BootstrapError> {
+    let (c, _) = Config::resolve(None)?;
+    let reaper = Reaper::default();
+    reaper
+        .start()
+        .map_err(io_err("signal handler", Path::new("/")))?;
+    let rt = OciRuntime::new(
+        &c.runtime.binary,
+        c.runtime.root,
+        false,
+        PathBuf::from("/dev/null"),
+        reaper,
+    );
+    Ok(rt.features().await?)
+}
+
+/// `-info`: a `RuntimeInfo` protobuf, as containerd 2.x asks of shims.
+pub async fn info() -> Vec<u8> {
+    use containerd_shim_protos::protobuf::well_known_types::any::Any;
+    use containerd_shim_protos::types::introspection::{RuntimeInfo, RuntimeVersion};
+    let features = features().await.ok();
+    let info = RuntimeInfo {
+        name: "io.containerd.gantry.v2".into(),
+        version: containerd_shim_protos::protobuf::MessageField::some(RuntimeVersion {
+            version: env!("CARGO_PKG_VERSION").into(),
+            revision: env!("GANTRY_GIT_REVISION").into(),
+            ..Default::default()
+        }),
+        features: features
+            .map(|f| Any {
+                type_url: "github.com/opencontainers/runtime-spec/specs-go/features/Features"
+                    .into(),
+                value: f,
+                ..Default::default()
+            })
+            .into(),
+        ..Default::default()
+    };
+    info.write_to_bytes().unwrap_or_default()
+}
+
+/// `check-config [path]`: validates a file and prints what it resolved to.
+pub fn check_config(path: Option<&str>) -> Result<String, BootstrapError> {
+    let (config, used) = Config::resolve(path)?;
+    let text = toml::to_string_pretty(&config).unwrap_or_default();
+    let src = used
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "built-in defaults".into());
+    Ok(format!("# config OK: {src}\n{text}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_paths_are_short_and_stable() {
+        let a = socket_path(Path::new("/run/gantry/s"), "k8s.io", "pod").unwrap();
+        let b = socket_path(Path::new("/run/gantry/s"), "k8s.io", "pod").unwrap();
+        let c = socket_path(Path::new("/run/gantry/s"), "default", "pod").unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.as_os_str().len() < 108);
+        let long = "/x".repeat(60);
+        assert!(matches!(
+            socket_path(Path::new(&long), "n", "g"),
+            Err(BootstrapError::SocketTooLong(_))
+        ));
+    }
+}

@@ -1,0 +1,237 @@
+//! The shim's TOML configuration: one documented file (`runtime-conf/gantry.toml`), found through
+//! the engine's per-handler options, `GANTRY_CONFIG`, `/etc/gantry/config.toml`, or defaults.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::devices::DeviceConfig;
+
+/// Where the system-wide config lives when nothing else names one.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/gantry/config.toml";
+/// Environment variable naming a config file (between the engine's option and the default path).
+pub const CONFIG_ENV: &str = "GANTRY_CONFIG";
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub shim: ShimConfig,
+    pub runtime: RuntimeConfig,
+    pub devices: DeviceConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShimConfig {
+    /// Directory of the daemons' ttrpc sockets; keep it short (sockets are limited to 108 bytes).
+    pub socket_dir: PathBuf,
+    /// `debug`, `info`, `warn` or `error`; `-debug` on the command line forces `debug`.
+    pub log_level: String,
+}
+
+impl Default for ShimConfig {
+    fn default() -> Self {
+        Self {
+            socket_dir: PathBuf::from("/run/gantry/s"),
+            log_level: "info".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// OCI runtime binary: a name looked up in PATH (`runc`, `crun`) or an absolute path.
+    pub binary: String,
+    /// State root of the OCI runtime; the namespace is appended, as the runc shim does.
+    pub root: PathBuf,
+    /// Let the OCI runtime manage cgroups through systemd.
+    pub systemd_cgroup: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            binary: "runc".into(),
+            root: PathBuf::from("/run/gantry/runtime"),
+            systemd_cgroup: false,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {path}, line {line}, key `{key}`: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        key: String,
+        message: String,
+    },
+}
+
+impl Config {
+    /// Parses `text` read from `path`; errors name the file, the line and the key.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text)
+            .map_err(|e| {
+                let (line, key) = match e.span() {
+                    Some(span) => locate(text, span.start),
+                    None => (0, String::new()),
+                };
+                Config::invalid(path, line, key, e.message().to_string())
+            })
+            .and_then(|c: Config| c.validate(path, text))
+    }
+
+    fn invalid(path: &Path, line: usize, key: String, message: String) -> ConfigError {
+        ConfigError::Invalid {
+            path: path.to_path_buf(),
+            line,
+            key,
+            message,
+        }
+    }
+
+    fn validate(self, path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let find = |key: &str| {
+            text.lines()
+                .position(|l| l.trim_start().starts_with(key))
+                .map(|i| i + 1)
+                .unwrap_or(0)
+        };
+        if self.runtime.binary.trim().is_empty() {
+            let msg = "must name an OCI runtime".to_string();
+            return Err(Config::invalid(
+                path,
+                find("binary"),
+                "runtime.binary".into(),
+                msg,
+            ));
+        }
+        if !matches!(
+            self.shim.log_level.as_str(),
+            "debug" | "info" | "warn" | "error"
+        ) {
+            let msg = format!(
+                "unknown level {:?} (debug, info, warn, error)",
+                self.shim.log_level
+            );
+            return Err(Config::invalid(
+                path,
+                find("log_level"),
+                "shim.log_level".into(),
+                msg,
+            ));
+        }
+        if !self.shim.socket_dir.is_absolute() {
+            let msg = "must be an absolute path".to_string();
+            return Err(Config::invalid(
+                path,
+                find("socket_dir"),
+                "shim.socket_dir".into(),
+                msg,
+            ));
+        }
+        Ok(self)
+    }
+
+    /// Loads one file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Resolves the file to use: the engine's `config_path` first, then `GANTRY_CONFIG`, then
+    /// `/etc/gantry/config.toml` if it exists. `None` means built-in defaults.
+    pub fn locate(engine_path: Option<&str>) -> Option<PathBuf> {
+        if let Some(p) = engine_path.filter(|p| !p.is_empty()) {
+            return Some(PathBuf::from(p));
+        }
+        if let Some(p) = std::env::var_os(CONFIG_ENV).filter(|p| !p.is_empty()) {
+            return Some(PathBuf::from(p));
+        }
+        let default = Path::new(DEFAULT_CONFIG_PATH);
+        default.exists().then(|| default.to_path_buf())
+    }
+
+    /// Loads the config that [`Config::locate`] picks, or the defaults.
+    pub fn resolve(engine_path: Option<&str>) -> Result<(Config, Option<PathBuf>), ConfigError> {
+        match Config::locate(engine_path) {
+            Some(p) => Config::load(&p).map(|c| (c, Some(p))),
+            None => Ok((Config::default(), None)),
+        }
+    }
+}
+
+/// Line number (1-based) and the dotted key of the table entry around byte `offset`.
+fn locate(text: &str, offset: usize) -> (usize, String) {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line_no = before.matches('\n').count() + 1;
+    let mut table = String::new();
+    for l in before.lines() {
+        let t = l.trim();
+        if t.starts_with('[') && !t.starts_with("[[") {
+            table = t.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+        }
+    }
+    let line = text.lines().nth(line_no - 1).unwrap_or("");
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_string())
+        .unwrap_or_default();
+    let dotted = match (table.is_empty(), key.is_empty()) {
+        (_, true) => table,
+        (true, false) => key,
+        (false, false) => format!("{table}.{key}"),
+    };
+    (line_no, dotted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_roundtrip_through_documented_file() {
+        let text = include_str!("../runtime-conf/gantry.toml");
+        let c = Config::parse(Path::new("gantry.toml"), text).unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn errors_name_file_line_and_key() {
+        let text = "[shim]\nsocket_dir = \"/run/x\"\n\n[runtime]\nsystemd_cgroup = \"yes\"\n";
+        let e = Config::parse(Path::new("/etc/g.toml"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/etc/g.toml"), "{e}");
+        assert!(e.contains("line 5"), "{e}");
+        assert!(e.contains("runtime.systemd_cgroup"), "{e}");
+
+        let e = Config::parse(Path::new("f"), "[runtime]\nbinnary = \"crun\"\n").unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("line 2") && e.contains("binnary"), "{e}");
+
+        let e = Config::parse(Path::new("f"), "[shim]\nlog_level = \"loud\"\n").unwrap_err();
+        assert!(e.to_string().contains("shim.log_level"), "{e}");
+    }
+
+    #[test]
+    fn engine_path_wins() {
+        assert_eq!(
+            Config::locate(Some("/a.toml")),
+            Some(PathBuf::from("/a.toml"))
+        );
+    }
+}

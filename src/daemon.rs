@@ -1,0 +1,111 @@
+//! The long-lived daemon: serves the Task API for every container of one pod on the listener
+//! `start` bound, reaps every child, and exits after a Shutdown that finds no container left.
+
+use std::io::Write;
+use std::os::fd::FromRawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use slog::{info, o, warn, Logger};
+use thiserror::Error;
+
+use crate::args::Flags;
+use crate::bootstrap::{bundle_dir, LISTENER_FD, READY_FD};
+use crate::config::Config;
+use crate::events::Publisher;
+use crate::logging;
+use crate::reaper::{self, Reaper};
+use crate::service::{services, Service, TaskService};
+
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    #[error("runtime: {0}")]
+    Tokio(std::io::Error),
+    #[error("listener on fd {LISTENER_FD}: {0}")]
+    Listener(ttrpc::Error),
+    #[error("ttrpc server: {0}")]
+    Server(ttrpc::Error),
+    #[error("signal handling: {0}")]
+    Signals(std::io::Error),
+}
+
+/// Runs the daemon until it is shut down; blocks the calling thread.
+pub fn serve(flags: &Flags) -> Result<(), DaemonError> {
+    // A vanished log or stdio reader must cost a write error, never the shim's life.
+    // SAFETY: installing SIG_IGN has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    let (config, _) = Config::resolve(None).unwrap_or_default();
+    let bundle = bundle_dir(flags);
+    let level = logging::level(&config.shim.log_level, flags.debug);
+    let (log, _guard) = match logging::open_log_fifo(&bundle) {
+        Some(f) => {
+            let (l, g) = logging::logger(f, level, &flags.namespace);
+            (l, Some(g))
+        }
+        None => (logging::discard(), None),
+    };
+    let log = log.new(o!("shim_pid" => std::process::id()));
+    logging::bridge_log_facade(&log);
+    if let Err(e) = reaper::set_subreaper() {
+        warn!(log, "cannot become child subreaper"; "error" => %e);
+    }
+
+    // One thread: memory per shim is a headline figure, and nothing here needs parallelism.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(DaemonError::Tokio)?;
+    let socket = PathBuf::from(&flags.socket);
+    let result = rt.block_on(run(flags, socket.clone(), log.clone()));
+    if !flags.socket.is_empty() {
+        let _ = std::fs::remove_file(&socket);
+    }
+    info!(log, "daemon exiting");
+    result
+}
+
+async fn run(flags: &Flags, socket: PathBuf, log: Logger) -> Result<(), DaemonError> {
+    let reaper = Reaper::default();
+    reaper.start().map_err(DaemonError::Signals)?;
+    let address = std::env::var("TTRPC_ADDRESS").unwrap_or_default();
+    let publisher = Publisher::new(&address, &flags.namespace, log.clone());
+    let console_dir = socket
+        .parent()
+        .map(|p| p.to_path_buf())
+        .unwrap_or_else(|| PathBuf::from("/run/gantry/s"));
+    let task = Arc::new(TaskService::new(
+        publisher,
+        reaper,
+        &flags.namespace,
+        console_dir,
+        log.clone(),
+    ));
+    let shutdown = task.shutdown.clone();
+
+    // SAFETY: `start` handed us this bound listener as fd 3; nothing else owns it.
+    let server = unsafe { ttrpc::r#async::Server::new().add_unix_listener(LISTENER_FD) };
+    let mut server = server
+        .map_err(DaemonError::Listener)?
+        .register_service(services(Service(task.clone())));
+    server.start().await.map_err(DaemonError::Server)?;
+    signal_ready();
+    info!(log, "serving"; "socket" => socket.display().to_string(), "events" => !address.is_empty());
+
+    loop {
+        shutdown.notified().await;
+        if task.is_empty() {
+            break;
+        }
+    }
+    let _ = server.shutdown().await;
+    Ok(())
+}
+
+/// Tells `start` the server is accepting (one byte on the ready pipe, then close it).
+fn signal_ready() {
+    // SAFETY: fd 4 is the ready pipe `start` gave us; we take ownership and close it here.
+    let mut f = unsafe { std::fs::File::from_raw_fd(READY_FD) };
+    let _ = f.write_all(b"1");
+}

@@ -1,0 +1,560 @@
+//! Container stdio. FIFOs and files are handed to the OCI runtime directly, so the container
+//! writes straight into the engine's FIFO with no copy in between; the shim keeps a read handle
+//! on each output FIFO (a restarting reader never SIGPIPEs the container) and a write handle on
+//! stdin (the container sees EOF only after CloseIO). A terminal goes through a console socket:
+//! the runtime sends the pty master and the shim copies between it and the FIFOs.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use thiserror::Error;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::task::JoinHandle;
+
+use crate::runtime::ProcessStdio;
+
+#[derive(Debug, Error)]
+pub enum IoError {
+    #[error("open {which} {path:?}: {source}")]
+    Open {
+        which: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("unsupported stdio URI {0:?} (use a FIFO path, file:// or binary://)")]
+    Scheme(String),
+    #[error("console socket {path:?}: {source}")]
+    Console {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("resize pty: {0}")]
+    Resize(nix::Error),
+}
+
+/// The stdio a client asked for, kept verbatim for State (CRI-O rebuilds its IO from it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StdioPaths {
+    pub stdin: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub terminal: bool,
+}
+
+/// A stdio destination named by the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    None,
+    /// A FIFO (or any path) to open directly.
+    Path(PathBuf),
+    /// `file:///path`: append to a regular file.
+    File(PathBuf),
+    /// `binary:///path?k=v`: a logging process fed through pipes.
+    Binary {
+        path: PathBuf,
+        args: Vec<(String, String)>,
+    },
+}
+
+/// Parses one stdio string as containerd and CRI-O send it.
+pub fn parse_target(s: &str) -> Result<Target, IoError> {
+    if s.is_empty() {
+        return Ok(Target::None);
+    }
+    if let Some(rest) = s.strip_prefix("file://") {
+        return Ok(Target::File(PathBuf::from(rest)));
+    }
+    if let Some(rest) = s.strip_prefix("binary://") {
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let args = query
+            .split('&')
+            .filter(|kv| !kv.is_empty())
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                (percent_decode(k), percent_decode(v))
+            })
+            .collect();
+        return Ok(Target::Binary {
+            path: PathBuf::from(percent_decode(path)),
+            args,
+        });
+    }
+    if s.contains("://") && !s.starts_with('/') {
+        return Err(IoError::Scheme(s.to_string()));
+    }
+    Ok(Target::Path(PathBuf::from(s)))
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn is_fifo(path: &Path) -> bool {
+    std::fs::metadata(path)
+        .map(|m| m.file_type().is_fifo())
+        .unwrap_or(false)
+}
+
+fn open_err<'a>(
+    which: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> IoError + 'a {
+    move |source| IoError::Open {
+        which,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn set_blocking(fd: RawFd) -> nix::Result<()> {
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags & !OFlag::O_NONBLOCK)).map(|_| ())
+}
+
+/// Opens a FIFO for writing without blocking on a missing reader; returns (writer, keeper).
+fn open_output_fifo(which: &'static str, path: &Path) -> Result<(OwnedFd, OwnedFd), IoError> {
+    let keep = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(open_err(which, path))?;
+    let w = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(open_err(which, path))?;
+    Ok((w.into(), keep.into()))
+}
+
+fn open_output(
+    which: &'static str,
+    target: &Target,
+) -> Result<(Option<OwnedFd>, Option<OwnedFd>), IoError> {
+    match target {
+        Target::None => Ok((None, None)),
+        Target::Path(p) if is_fifo(p) => {
+            let (w, keep) = open_output_fifo(which, p)?;
+            Ok((Some(w), Some(keep)))
+        }
+        Target::Path(p) | Target::File(p) => {
+            if let Some(dir) = p.parent() {
+                std::fs::create_dir_all(dir).map_err(open_err(which, p))?;
+            }
+            let f = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(p)
+                .map_err(open_err(which, p))?;
+            Ok((Some(f.into()), None))
+        }
+        Target::Binary { .. } => Err(IoError::Scheme(format!("{target:?}"))),
+    }
+}
+
+/// Opens stdin for the container plus the shim's keep-alive write handle.
+fn open_stdin(path: &str) -> Result<(Option<OwnedFd>, Option<OwnedFd>), IoError> {
+    if path.is_empty() {
+        return Ok((None, None));
+    }
+    let p = Path::new(path);
+    let r = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(p)
+        .map_err(open_err("stdin", p))?;
+    if !is_fifo(p) {
+        return Ok((Some(r.into()), None));
+    }
+    set_blocking(r.as_raw_fd()).map_err(|e| open_err("stdin", p)(e.into()))?;
+    let w = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(p)
+        .map_err(open_err("stdin", p))?;
+    Ok((Some(r.into()), Some(w.into())))
+}
+
+/// What the shim holds for one process's stdio while it lives.
+#[derive(Default)]
+pub struct ProcessIo {
+    keepers: Vec<OwnedFd>,
+    stdin_keeper: Mutex<Option<OwnedFd>>,
+    console: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
+    copies: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Prepared stdio: what to give the runtime, and what the shim keeps.
+pub struct Prepared {
+    pub stdio: ProcessStdio,
+    pub io: Arc<ProcessIo>,
+    pub console: Option<ConsoleSocket>,
+}
+
+/// Opens the process's stdio. With a terminal, nothing is opened yet: a console socket is
+/// bound in `console_dir` and the copies start once the runtime has sent the pty master.
+pub fn prepare(paths: &StdioPaths, console_dir: &Path) -> Result<Prepared, IoError> {
+    if paths.terminal {
+        let console = ConsoleSocket::bind(console_dir)?;
+        return Ok(Prepared {
+            stdio: ProcessStdio::default(),
+            io: Arc::new(ProcessIo::default()),
+            console: Some(console),
+        });
+    }
+    let mut keepers = Vec::new();
+    let (stdin, stdin_keeper) = open_stdin(&paths.stdin)?;
+    let (stdout, k) = open_output("stdout", &parse_target(&paths.stdout)?)?;
+    keepers.extend(k);
+    let (stderr, k) = open_output("stderr", &parse_target(&paths.stderr)?)?;
+    keepers.extend(k);
+    Ok(Prepared {
+        stdio: ProcessStdio {
+            stdin,
+            stdout,
+            stderr,
+        },
+        io: Arc::new(ProcessIo {
+            keepers,
+            stdin_keeper: Mutex::new(stdin_keeper),
+            ..Default::default()
+        }),
+        console: None,
+    })
+}
+
+impl ProcessIo {
+    /// CloseIO(stdin): drops the shim's write side so the process sees EOF once the client
+    /// closes its own.
+    pub fn close_stdin(&self) {
+        self.stdin_keeper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+
+    /// Starts copying between the pty master and the client's FIFOs.
+    pub fn attach_console(&self, master: OwnedFd, paths: &StdioPaths) -> Result<(), IoError> {
+        nix::fcntl::fcntl(master.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(
+            |e| IoError::Console {
+                path: PathBuf::new(),
+                source: e.into(),
+            },
+        )?;
+        // SAFETY: the OwnedFd stays inside the AsyncFd (always the same open descriptor).
+        let master = unsafe { AsyncFd::register(master) }.map_err(|e| IoError::Console {
+            path: PathBuf::new(),
+            source: e.into_parts().1,
+        })?;
+        let master = Arc::new(master);
+        let mut copies = Vec::new();
+        if let Target::Path(p) | Target::File(p) = parse_target(&paths.stdout)? {
+            let (w, keep) = if is_fifo(&p) {
+                let (w, keep) = open_output_fifo("stdout", &p)?;
+                (w, Some(keep))
+            } else {
+                let (w, _) = open_output("stdout", &Target::File(p.clone()))?;
+                (
+                    w.ok_or_else(|| IoError::Scheme(paths.stdout.clone()))?,
+                    None,
+                )
+            };
+            // The keeper stays with the copy task; the copy ends when the pty hangs up.
+            let mut pty = PtyStream(master.clone());
+            if keep.is_some() {
+                let mut out = tokio::net::unix::pipe::Sender::from_owned_fd(w)
+                    .map_err(open_err("stdout", &p))?;
+                copies.push(tokio::spawn(async move {
+                    let _keep = keep;
+                    let _ = tokio::io::copy(&mut pty, &mut out).await;
+                }));
+            } else {
+                let mut out = tokio::fs::File::from_std(File::from(w));
+                copies.push(tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut pty, &mut out).await;
+                }));
+            }
+        }
+        if !paths.stdin.is_empty() {
+            let p = PathBuf::from(&paths.stdin);
+            let (r, keeper) = open_stdin(&paths.stdin)?;
+            if let Some(r) = r {
+                let _ = nix::fcntl::fcntl(r.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+                let mut input = tokio::net::unix::pipe::Receiver::from_owned_fd(r)
+                    .map_err(open_err("stdin", &p))?;
+                let mut pty = PtyStream(master.clone());
+                copies.push(tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut input, &mut pty).await;
+                }));
+            }
+            *self.stdin_keeper.lock().unwrap_or_else(|e| e.into_inner()) = keeper;
+        }
+        *self.console.lock().unwrap_or_else(|e| e.into_inner()) = Some(master);
+        self.copies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(copies);
+        Ok(())
+    }
+
+    pub fn resize(&self, width: u32, height: u32) -> Result<(), IoError> {
+        let guard = self.console.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(master) = guard.as_ref() else {
+            return Ok(());
+        };
+        let ws = libc::winsize {
+            ws_row: height as u16,
+            ws_col: width as u16,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads a winsize struct that outlives the call.
+        let rc = unsafe { libc::ioctl(master.get_ref().as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+        if rc < 0 {
+            return Err(IoError::Resize(nix::Error::last()));
+        }
+        Ok(())
+    }
+
+    pub fn has_console(&self) -> bool {
+        self.console.lock().map(|c| c.is_some()).unwrap_or(false)
+    }
+
+    /// Waits (bounded) for the terminal output copy to drain after the process exited, so the
+    /// client has all output before it learns of the exit.
+    pub async fn drain(&self, timeout: Duration) {
+        let copies: Vec<_> =
+            std::mem::take(&mut *self.copies.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut pending = Vec::new();
+        for (i, c) in copies.into_iter().enumerate() {
+            // The first copy is the output one; stdin copies are cancelled.
+            if i == 0 && !c.is_finished() {
+                pending.push(c);
+            } else {
+                c.abort();
+            }
+        }
+        for c in pending {
+            let abort = c.abort_handle();
+            if tokio::time::timeout(timeout, c).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+
+    /// Releases every handle (Delete).
+    pub fn close(&self) {
+        self.close_stdin();
+        self.console
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        for c in self
+            .copies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            c.abort();
+        }
+    }
+
+    #[doc(hidden)]
+    pub fn keeper_count(&self) -> usize {
+        self.keepers.len()
+    }
+}
+
+/// A pty master as an async byte stream. EIO after the slave side closes reads as EOF.
+struct PtyStream(Arc<AsyncFd<OwnedFd>>);
+
+impl AsyncRead for PtyStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        loop {
+            let mut guard = match self.0.poll_read_ready(cx) {
+                Poll::Ready(Ok(g)) => g,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            let unfilled = buf.initialize_unfilled();
+            match guard.try_io(|fd| {
+                nix::unistd::read(fd.as_raw_fd(), unfilled).map_err(std::io::Error::from)
+            }) {
+                Ok(Ok(n)) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Poll::Ready(Ok(())),
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for PtyStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        loop {
+            let mut guard = match self.0.poll_write_ready(cx) {
+                Poll::Ready(Ok(g)) => g,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            match guard
+                .try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(std::io::Error::from))
+            {
+                Ok(r) => return Poll::Ready(r),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A unix socket on which the OCI runtime sends the pty master (`--console-socket`).
+pub struct ConsoleSocket {
+    pub path: PathBuf,
+    listener: tokio::net::UnixListener,
+}
+
+static CONSOLE_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl ConsoleSocket {
+    fn bind(dir: &Path) -> Result<Self, IoError> {
+        let n = CONSOLE_SEQ.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("pty-{}-{n}", std::process::id()));
+        let err = |source| IoError::Console {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(err)?;
+        let _ = std::fs::remove_file(&path);
+        let listener = tokio::net::UnixListener::bind(&path).map_err(err)?;
+        Ok(Self { path, listener })
+    }
+
+    /// Receives the master fd; call concurrently with the runtime's create/exec.
+    pub async fn receive(&self) -> Result<OwnedFd, IoError> {
+        let err = |source| IoError::Console {
+            path: self.path.clone(),
+            source,
+        };
+        let (stream, _) = self.listener.accept().await.map_err(err)?;
+        loop {
+            stream.readable().await.map_err(err)?;
+            match stream.try_io(tokio::io::Interest::READABLE, || {
+                recv_fd(stream.as_raw_fd())
+            }) {
+                Ok(fd) => return Ok(fd),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(err(e)),
+            }
+        }
+    }
+}
+
+impl Drop for ConsoleSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn recv_fd(sock: RawFd) -> std::io::Result<OwnedFd> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    use std::os::fd::FromRawFd;
+    let mut buf = [0u8; 4096];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut cmsg = nix::cmsg_space!([RawFd; 1]);
+    let msg = recvmsg::<()>(sock, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            if let Some(&fd) = fds.first() {
+                // SAFETY: the kernel just installed this descriptor for us; we own it.
+                return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        "console socket message carried no file descriptor",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        assert_eq!(parse_target("").unwrap(), Target::None);
+        assert_eq!(
+            parse_target("/run/x/stdout").unwrap(),
+            Target::Path("/run/x/stdout".into())
+        );
+        assert_eq!(
+            parse_target("file:///var/log/c.log").unwrap(),
+            Target::File("/var/log/c.log".into())
+        );
+        assert_eq!(
+            parse_target("binary:///usr/bin/logger?id=a%20b&x").unwrap(),
+            Target::Binary {
+                path: "/usr/bin/logger".into(),
+                args: vec![("id".into(), "a b".into()), ("x".into(), String::new())]
+            }
+        );
+        assert!(parse_target("tcp://1.2.3.4").is_err());
+    }
+
+    #[test]
+    fn fifo_output_does_not_block_without_reader_and_keeps_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out");
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let paths = StdioPaths {
+            stdout: p.display().to_string(),
+            ..Default::default()
+        };
+        let prep = prepare(&paths, dir.path()).unwrap();
+        assert!(prep.stdio.stdout.is_some());
+        assert_eq!(prep.io.keeper_count(), 1);
+        // Writing works with no external reader: the shim's keeper absorbs SIGPIPE risk.
+        let mut w = File::from(prep.stdio.stdout.unwrap());
+        std::io::Write::write_all(&mut w, b"hello").unwrap();
+    }
+}

@@ -1,0 +1,71 @@
+//! Mounting the rootfs containerd hands over in Create, and taking it down again.
+
+use std::path::Path;
+
+use containerd_shim_protos::api::Mount;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum MountError {
+    #[error("mount {fs_type} {source_path:?} on {target}: {message}")]
+    Mount {
+        fs_type: String,
+        source_path: String,
+        target: String,
+        message: String,
+    },
+    #[error("unmount {target}: {message}")]
+    Unmount { target: String, message: String },
+    #[error("create {target}: {source}")]
+    Mkdir {
+        target: String,
+        source: std::io::Error,
+    },
+}
+
+/// Mounts each of containerd's rootfs mounts on `target` in order.
+pub fn mount_all(mounts: &[Mount], target: &Path) -> Result<(), MountError> {
+    std::fs::create_dir_all(target).map_err(|source| MountError::Mkdir {
+        target: target.display().to_string(),
+        source,
+    })?;
+    for m in mounts {
+        let fs_type = (!m.type_.is_empty()).then_some(m.type_.as_str());
+        let source = (!m.source.is_empty()).then_some(m.source.as_str());
+        if let Err(e) = containerd_shim::mount::mount_rootfs(fs_type, source, &m.options, target) {
+            let _ = unmount_all(target);
+            return Err(MountError::Mount {
+                fs_type: m.type_.clone(),
+                source_path: m.source.clone(),
+                target: target.display().to_string(),
+                message: e.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Unmounts everything at or below `target` (lazily if busy); a missing target is fine.
+pub fn unmount_all(target: &Path) -> Result<(), MountError> {
+    let Some(t) = target.to_str() else {
+        return Ok(());
+    };
+    if !target.exists() {
+        return Ok(());
+    }
+    containerd_shim::mount::umount_recursive(Some(t), libc::MNT_DETACH).map_err(|e| {
+        MountError::Unmount {
+            target: t.to_string(),
+            message: e.to_string(),
+        }
+    })
+}
+
+/// True when something is mounted exactly at `target`.
+pub fn is_mountpoint(target: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let t = target.to_string_lossy();
+    text.lines().any(|l| l.split(' ').nth(4) == Some(&*t))
+}

@@ -1,0 +1,185 @@
+//! The one place that calls `waitpid`: the daemon is a child subreaper, so container inits,
+//! exec processes and OCI runtime invocations all exit to it. Exits fan out to whoever
+//! subscribed to the pid; an exit nobody has asked for yet is kept for a while, so an exit that
+//! races ahead of its subscription (a container that dies before Start returns) is never lost.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use tokio::sync::oneshot;
+
+/// How long an unclaimed exit is kept before it is dropped (reparented orphans nobody waits for).
+const UNCLAIMED_TTL: Duration = Duration::from_secs(120);
+
+/// A reaped process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    pub pid: i32,
+    /// Exit code, or 128 + signal number for a killed process (as shells and containerd report).
+    pub status: u32,
+    pub at: SystemTime,
+}
+
+#[derive(Default)]
+struct Inner {
+    waiters: HashMap<i32, oneshot::Sender<Exit>>,
+    unclaimed: HashMap<i32, (Exit, Instant)>,
+}
+
+/// Collects exits of every child and hands each to its subscriber.
+#[derive(Default, Clone)]
+pub struct Reaper {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl Reaper {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A poisoned lock only means another thread panicked mid-update of plain maps.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Returns a receiver that resolves when `pid` is reaped, even if it already was.
+    pub fn subscribe(&self, pid: i32) -> oneshot::Receiver<Exit> {
+        self.subscribe_since(pid, None)
+    }
+
+    /// Like [`Reaper::subscribe`], but an already-kept exit counts only if it was reaped after
+    /// `since` (when the process was known to be alive), so a reused pid is never confused
+    /// with an older process.
+    pub fn subscribe_since(&self, pid: i32, since: Option<Instant>) -> oneshot::Receiver<Exit> {
+        let (tx, rx) = oneshot::channel();
+        let mut inner = self.lock();
+        match inner.unclaimed.remove(&pid) {
+            Some((exit, t)) if since.is_none_or(|s| t >= s) => {
+                let _ = tx.send(exit);
+            }
+            _ => {
+                inner.waiters.insert(pid, tx);
+            }
+        }
+        rx
+    }
+
+    /// Drops interest in `pid` (its exit will be kept as unclaimed, then expire).
+    pub fn unsubscribe(&self, pid: i32) {
+        self.lock().waiters.remove(&pid);
+    }
+
+    /// Delivers one exit to its subscriber or keeps it.
+    pub fn deliver(&self, exit: Exit) {
+        let mut inner = self.lock();
+        if let Some(tx) = inner.waiters.remove(&exit.pid) {
+            if tx.send(exit).is_ok() {
+                return;
+            }
+        }
+        let now = Instant::now();
+        inner
+            .unclaimed
+            .retain(|_, (_, t)| now.duration_since(*t) < UNCLAIMED_TTL);
+        inner.unclaimed.insert(exit.pid, (exit, now));
+    }
+
+    /// Reaps every child that has exited, without blocking.
+    pub fn reap_all(&self) {
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => self.deliver(Exit {
+                    pid: pid.as_raw(),
+                    status: code as u32,
+                    at: SystemTime::now(),
+                }),
+                Ok(WaitStatus::Signaled(pid, sig, _)) => self.deliver(Exit {
+                    pid: pid.as_raw(),
+                    status: 128 + sig as u32,
+                    at: SystemTime::now(),
+                }),
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    /// Runs the SIGCHLD loop on the current tokio runtime.
+    pub fn start(&self) -> std::io::Result<()> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut sigchld = signal(SignalKind::child())?;
+        let reaper = self.clone();
+        tokio::spawn(async move {
+            // Children that exited before the handler was installed.
+            reaper.reap_all();
+            while sigchld.recv().await.is_some() {
+                reaper.reap_all();
+            }
+        });
+        Ok(())
+    }
+}
+
+/// Makes this process the reaper of every orphan below it (container inits and execs).
+pub fn set_subreaper() -> nix::Result<()> {
+    nix::sys::prctl::set_child_subreaper(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exit(pid: i32, status: u32) -> Exit {
+        Exit {
+            pid,
+            status,
+            at: SystemTime::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn exit_before_subscribe_is_kept() {
+        let r = Reaper::default();
+        r.deliver(exit(42, 3));
+        let got = r.subscribe(42).await.unwrap();
+        assert_eq!((got.pid, got.status), (42, 3));
+    }
+
+    #[tokio::test]
+    async fn exit_after_subscribe_is_delivered_once() {
+        let r = Reaper::default();
+        let rx = r.subscribe(7);
+        r.deliver(exit(7, 137));
+        assert_eq!(rx.await.unwrap().status, 137);
+        // A later exit with the same pid (reuse) is not confused with the first.
+        r.deliver(exit(7, 0));
+        assert_eq!(r.subscribe(7).await.unwrap().status, 0);
+    }
+
+    #[tokio::test]
+    async fn reaps_real_children() {
+        let r = Reaper::default();
+        let child = std::process::Command::new("sh")
+            .args(["-c", "exit 5"])
+            .spawn()
+            .unwrap();
+        let rx = r.subscribe(child.id() as i32);
+        // Poll instead of SIGCHLD so the test does not depend on signal delivery order.
+        let got = loop {
+            r.reap_all();
+            if let Some((e, _)) = r.lock().unclaimed.get(&(child.id() as i32)) {
+                break *e;
+            }
+            if r.lock().waiters.is_empty() {
+                break rx.await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(got.status, 5);
+    }
+}
+
+impl std::fmt::Debug for Reaper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reaper")
+    }
+}

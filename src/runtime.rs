@@ -1,0 +1,370 @@
+//! Drives the OCI runtime binary (runc by default, crun selectable). Every invocation's exit is
+//! collected by the [`Reaper`], never by `Child::wait()`, and a failure carries the runtime's
+//! own error text (its JSON log, then its stderr), not just "exit status 1".
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::Deserialize;
+use thiserror::Error;
+use tokio::io::AsyncReadExt;
+
+use crate::reaper::Reaper;
+
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    #[error("cannot run OCI runtime {binary:?}: {source}")]
+    Spawn {
+        binary: String,
+        source: std::io::Error,
+    },
+    #[error("{binary} {command} failed: {message}")]
+    Failed {
+        binary: String,
+        command: String,
+        message: String,
+        /// True when the runtime said the container does not exist.
+        not_found: bool,
+    },
+    #[error("{binary} {command}: unexpected output: {message}")]
+    Output {
+        binary: String,
+        command: String,
+        message: String,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl RuntimeError {
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            RuntimeError::Failed {
+                not_found: true,
+                ..
+            }
+        )
+    }
+}
+
+/// The container's stdio as handed to `create`/`exec` (inherited by the container process).
+#[derive(Default)]
+pub struct ProcessStdio {
+    pub stdin: Option<OwnedFd>,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+}
+
+/// Options common to `create` and `exec`.
+pub struct Spawn<'a> {
+    pub pid_file: &'a Path,
+    pub console_socket: Option<&'a Path>,
+    pub stdio: ProcessStdio,
+}
+
+/// One configured OCI runtime (binary + state root).
+#[derive(Debug, Clone)]
+pub struct OciRuntime {
+    pub binary: String,
+    pub root: PathBuf,
+    pub systemd_cgroup: bool,
+    /// JSON log the runtime writes errors into (`--log`), kept inside the bundle.
+    pub log: PathBuf,
+    reaper: Reaper,
+}
+
+/// Part of `runc state` output the shim uses.
+#[derive(Debug, Deserialize)]
+pub struct RuntimeState {
+    pub pid: i32,
+    pub status: String,
+}
+
+impl OciRuntime {
+    pub fn new(
+        binary: &str,
+        root: PathBuf,
+        systemd_cgroup: bool,
+        log: PathBuf,
+        reaper: Reaper,
+    ) -> Self {
+        Self {
+            binary: binary.to_string(),
+            root,
+            systemd_cgroup,
+            log,
+            reaper,
+        }
+    }
+
+    fn command(&self, args: &[OsString]) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--root").arg(&self.root);
+        cmd.arg("--log")
+            .arg(&self.log)
+            .arg("--log-format")
+            .arg("json");
+        if self.systemd_cgroup {
+            cmd.arg("--systemd-cgroup");
+        }
+        cmd.args(args);
+        cmd
+    }
+
+    /// Runs the runtime and returns its stdout. `stdio` (for create/exec) replaces the
+    /// runtime's own stdio so the container inherits it; otherwise output is captured.
+    async fn run(
+        &self,
+        args: Vec<OsString>,
+        stdio: Option<ProcessStdio>,
+    ) -> Result<Vec<u8>, RuntimeError> {
+        let command = args
+            .iter()
+            .find(|a| !a.to_string_lossy().starts_with('-'))
+            .map(|a| a.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let log_start = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
+        let mut cmd = self.command(&args);
+        let capture = stdio.is_none();
+        match stdio {
+            Some(s) => {
+                cmd.stdin(s.stdin.map(Stdio::from).unwrap_or_else(Stdio::null));
+                cmd.stdout(s.stdout.map(Stdio::from).unwrap_or_else(Stdio::null));
+                cmd.stderr(s.stderr.map(Stdio::from).unwrap_or_else(Stdio::null));
+            }
+            None => {
+                cmd.stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+            }
+        }
+        let mut child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
+        // Subscribe before the first await so the reaper cannot hand the exit to nobody.
+        let exited = self.reaper.subscribe(child.id() as i32);
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        if capture {
+            let stdout = child.stdout.take().map(pipe_reader).transpose()?;
+            let stderr = child.stderr.take().map(pipe_reader).transpose()?;
+            let read_out = async {
+                if let Some(mut r) = stdout {
+                    let _ = r.read_to_end(&mut out).await;
+                }
+            };
+            let read_err = async {
+                if let Some(mut r) = stderr {
+                    let _ = r.read_to_end(&mut err).await;
+                }
+            };
+            tokio::join!(read_out, read_err);
+        }
+        drop(cmd);
+        let exit = exited.await.map_err(|_| {
+            std::io::Error::other(format!("{} {command}: exit status lost", self.binary))
+        })?;
+        if exit.status == 0 {
+            return Ok(out);
+        }
+        let logged = read_log_errors(&self.log, log_start);
+        let stderr = String::from_utf8_lossy(&err).trim().to_string();
+        let message = [logged, stderr]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
+        let message = if message.is_empty() {
+            format!("exit status {}", exit.status)
+        } else {
+            message
+        };
+        let lower = message.to_lowercase();
+        let not_found = lower.contains("does not exist")
+            || lower.contains("not found") && lower.contains("container");
+        Err(RuntimeError::Failed {
+            binary: self.binary.clone(),
+            command,
+            message,
+            not_found,
+        })
+    }
+
+    pub async fn create(
+        &self,
+        id: &str,
+        bundle: &Path,
+        spawn: Spawn<'_>,
+    ) -> Result<(), RuntimeError> {
+        let mut args: Vec<OsString> = vec!["create".into(), "--bundle".into(), bundle.into()];
+        args.extend(["--pid-file".into(), spawn.pid_file.into()]);
+        if let Some(sock) = spawn.console_socket {
+            args.extend(["--console-socket".into(), sock.into()]);
+        }
+        args.push(id.into());
+        self.run(args, Some(spawn.stdio)).await.map(|_| ())
+    }
+
+    pub async fn start(&self, id: &str) -> Result<(), RuntimeError> {
+        self.run(vec!["start".into(), id.into()], None)
+            .await
+            .map(|_| ())
+    }
+
+    /// Runs an extra process described by `process_json` (an OCI `Process`) in the container.
+    pub async fn exec(
+        &self,
+        id: &str,
+        process_json: &Path,
+        spawn: Spawn<'_>,
+    ) -> Result<(), RuntimeError> {
+        let mut args: Vec<OsString> = vec!["exec".into(), "--detach".into()];
+        args.extend(["--process".into(), process_json.into()]);
+        args.extend(["--pid-file".into(), spawn.pid_file.into()]);
+        if let Some(sock) = spawn.console_socket {
+            args.extend(["--console-socket".into(), sock.into()]);
+        }
+        args.push(id.into());
+        self.run(args, Some(spawn.stdio)).await.map(|_| ())
+    }
+
+    pub async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<(), RuntimeError> {
+        let mut args: Vec<OsString> = vec!["kill".into()];
+        if all {
+            args.push("--all".into());
+        }
+        args.extend([id.into(), signal.to_string().into()]);
+        self.run(args, None).await.map(|_| ())
+    }
+
+    pub async fn delete(&self, id: &str, force: bool) -> Result<(), RuntimeError> {
+        let mut args: Vec<OsString> = vec!["delete".into()];
+        if force {
+            args.push("--force".into());
+        }
+        args.push(id.into());
+        self.run(args, None).await.map(|_| ())
+    }
+
+    pub async fn pause(&self, id: &str) -> Result<(), RuntimeError> {
+        self.run(vec!["pause".into(), id.into()], None)
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<(), RuntimeError> {
+        self.run(vec!["resume".into(), id.into()], None)
+            .await
+            .map(|_| ())
+    }
+
+    /// Applies new limits from an OCI `LinuxResources` JSON file.
+    pub async fn update(&self, id: &str, resources_json: &Path) -> Result<(), RuntimeError> {
+        let args = vec![
+            "update".into(),
+            "--resources".into(),
+            resources_json.into(),
+            id.into(),
+        ];
+        self.run(args, None).await.map(|_| ())
+    }
+
+    pub async fn state(&self, id: &str) -> Result<RuntimeState, RuntimeError> {
+        let out = self.run(vec!["state".into(), id.into()], None).await?;
+        serde_json::from_slice(&out).map_err(|e| self.output_error("state", e))
+    }
+
+    /// Pids of every process in the container.
+    pub async fn ps(&self, id: &str) -> Result<Vec<i32>, RuntimeError> {
+        let args = vec!["ps".into(), "--format".into(), "json".into(), id.into()];
+        let out = self.run(args, None).await?;
+        let pids: Option<Vec<i32>> =
+            serde_json::from_slice(&out).map_err(|e| self.output_error("ps", e))?;
+        Ok(pids.unwrap_or_default())
+    }
+
+    /// The runtime's `features` JSON, verbatim.
+    pub async fn features(&self) -> Result<Vec<u8>, RuntimeError> {
+        self.run(vec!["features".into()], None).await
+    }
+
+    pub async fn checkpoint(
+        &self,
+        id: &str,
+        image: &Path,
+        work: &Path,
+        exit: bool,
+    ) -> Result<(), RuntimeError> {
+        let mut args: Vec<OsString> =
+            vec!["checkpoint".into(), "--image-path".into(), image.into()];
+        args.extend(["--work-path".into(), work.into()]);
+        if !exit {
+            args.push("--leave-running".into());
+        }
+        args.push(id.into());
+        self.run(args, None).await.map(|_| ())
+    }
+
+    fn output_error(&self, command: &str, e: serde_json::Error) -> RuntimeError {
+        RuntimeError::Output {
+            binary: self.binary.clone(),
+            command: command.to_string(),
+            message: e.to_string(),
+        }
+    }
+}
+
+fn pipe_reader<T: Into<OwnedFd>>(p: T) -> std::io::Result<tokio::net::unix::pipe::Receiver> {
+    tokio::net::unix::pipe::Receiver::from_owned_fd(p.into())
+}
+
+/// Error messages the runtime logged (JSON lines with level error/fatal) after `offset`.
+fn read_log_errors(path: &Path, offset: u64) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = File::open(path) {
+        if f.seek(SeekFrom::Start(offset)).is_ok() {
+            let _ = f.take(64 * 1024).read_to_string(&mut text);
+        }
+    }
+    parse_log_errors(&text)
+}
+
+/// Extracts `msg` of error-level JSON log lines (runc and crun both log `{"level","msg"}`).
+pub fn parse_log_errors(text: &str) -> String {
+    #[derive(Deserialize)]
+    struct Line {
+        #[serde(default)]
+        level: String,
+        #[serde(default)]
+        msg: String,
+    }
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Line>(l).ok())
+        .filter(|l| matches!(l.level.as_str(), "error" | "fatal" | "panic"))
+        .map(|l| l.msg)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_errors_are_extracted() {
+        let log = r#"{"level":"warning","msg":"ignored","time":"x"}
+{"level":"error","msg":"runc run failed: unable to start container process: exec: \"nope\": executable file not found in $PATH","time":"x"}
+not json
+"#;
+        assert_eq!(
+            parse_log_errors(log),
+            "runc run failed: unable to start container process: exec: \"nope\": executable file not found in $PATH"
+        );
+        assert_eq!(parse_log_errors(""), "");
+    }
+}

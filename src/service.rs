@@ -1,0 +1,534 @@
+//! The ttrpc Task service: every container of the daemon's group, multiplexed by id. Handlers
+//! are thin; the work happens in [`crate::container`]. Errors become ttrpc codes here and
+//! only here.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use containerd_shim_protos::api::{
+    CheckpointTaskRequest, StatsRequest, StatsResponse, UpdateTaskRequest,
+};
+use containerd_shim_protos::api::{
+    CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
+    DeleteRequest, DeleteResponse, ExecProcessRequest, KillRequest, PauseRequest, PidsRequest,
+    PidsResponse, ProcessInfo, ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest,
+    StartResponse, StateRequest, StateResponse, Status as ApiStatus, WaitRequest, WaitResponse,
+};
+use containerd_shim_protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskPaused, TaskResumed,
+    TaskStart,
+};
+use containerd_shim_protos::protobuf::well_known_types::empty::Empty;
+use containerd_shim_protos::shim_async::Task;
+use slog::{debug, info, o, warn, Logger};
+use tokio::sync::Notify;
+use ttrpc::r#async::TtrpcContext;
+
+use crate::container::{Container, CreateParams, TaskError};
+use crate::events::{task_io, ts_field, Event, Publisher};
+use crate::io::{IoError, StdioPaths};
+use crate::process::{ExitInfo, Status};
+use crate::reaper::Reaper;
+
+/// Maps an error to the ttrpc status clients act on (NOT_FOUND, ALREADY_EXISTS, ...).
+pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
+    use ttrpc::Code;
+    let code = match e {
+        TaskError::NotFound(_) | TaskError::ExecNotFound { .. } => Code::NOT_FOUND,
+        TaskError::AlreadyExists(_) => Code::ALREADY_EXISTS,
+        TaskError::InvalidArgument(_) | TaskError::Config(_) | TaskError::Spec(_) => {
+            Code::INVALID_ARGUMENT
+        }
+        TaskError::Io(IoError::Open { .. } | IoError::Scheme(_)) => Code::INVALID_ARGUMENT,
+        TaskError::Precondition(_) | TaskError::State(_) => Code::FAILED_PRECONDITION,
+        TaskError::Unimplemented(_) => Code::UNIMPLEMENTED,
+        TaskError::Runtime(r) if r.is_not_found() => Code::NOT_FOUND,
+        TaskError::Runtime(_) => Code::UNKNOWN,
+        TaskError::Io(_) | TaskError::Mount(_) | TaskError::Internal(_) => Code::INTERNAL,
+    };
+    ttrpc::Error::RpcStatus(ttrpc::get_status(code, e.to_string()))
+}
+
+fn api_status(s: Status) -> ApiStatus {
+    match s {
+        Status::Created => ApiStatus::CREATED,
+        Status::Running => ApiStatus::RUNNING,
+        Status::Paused => ApiStatus::PAUSED,
+        Status::Stopped => ApiStatus::STOPPED,
+    }
+}
+
+/// Shared state of the daemon.
+pub struct TaskService {
+    containers: Mutex<HashMap<String, Arc<Container>>>,
+    /// Ids whose Create is in flight (a duplicate must fail at once, not race).
+    creating: Mutex<HashSet<String>>,
+    publisher: Publisher,
+    reaper: Reaper,
+    namespace: String,
+    console_dir: PathBuf,
+    log: Logger,
+    /// Signalled when Shutdown finds no container left.
+    pub shutdown: Arc<Notify>,
+}
+
+type TResult<T> = ttrpc::Result<T>;
+
+impl TaskService {
+    pub fn new(
+        publisher: Publisher,
+        reaper: Reaper,
+        namespace: &str,
+        console_dir: PathBuf,
+        log: Logger,
+    ) -> Self {
+        Self {
+            containers: Mutex::default(),
+            creating: Mutex::default(),
+            publisher,
+            reaper,
+            namespace: namespace.to_string(),
+            console_dir,
+            log,
+            shutdown: Arc::new(Notify::new()),
+        }
+    }
+
+    fn containers(&self) -> MutexGuard<'_, HashMap<String, Arc<Container>>> {
+        self.containers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn creating(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.creating.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Container>, TaskError> {
+        self.containers()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| TaskError::NotFound(id.to_string()))
+    }
+
+    /// True when the daemon holds nothing and may exit.
+    pub fn is_empty(&self) -> bool {
+        self.containers().is_empty() && self.creating().is_empty()
+    }
+
+    fn fail(&self, rpc: &str, id: &str, e: TaskError) -> ttrpc::Error {
+        warn!(self.log, "request failed"; "rpc" => rpc, "id" => id, "error" => %e);
+        to_ttrpc(&e)
+    }
+
+    async fn do_create(&self, req: CreateTaskRequest) -> Result<CreateTaskResponse, TaskError> {
+        let id = req.id.clone();
+        {
+            let mut creating = self.creating();
+            if self.containers().contains_key(&id) || !creating.insert(id.clone()) {
+                return Err(TaskError::AlreadyExists(format!("container {id:?}")));
+            }
+        }
+        let params = CreateParams {
+            id: id.clone(),
+            bundle: PathBuf::from(&req.bundle),
+            rootfs: req.rootfs.clone(),
+            stdio: StdioPaths {
+                stdin: req.stdin.clone(),
+                stdout: req.stdout.clone(),
+                stderr: req.stderr.clone(),
+                terminal: req.terminal,
+            },
+            options: req.options.clone().into_option(),
+            namespace: self.namespace.clone(),
+            console_dir: self.console_dir.clone(),
+        };
+        let created = Container::create(params, self.reaper.clone(), &self.log).await;
+        let container = match created {
+            Ok(c) => c,
+            Err(e) => {
+                self.creating().remove(&id);
+                return Err(e);
+            }
+        };
+        let pid = container.init.pid();
+        self.containers().insert(id.clone(), container.clone());
+        self.creating().remove(&id);
+        self.publisher.publish(Event::Create(TaskCreate {
+            container_id: id.clone(),
+            bundle: req.bundle.clone(),
+            rootfs: req.rootfs.clone(),
+            io: task_io(&req.stdin, &req.stdout, &req.stderr, req.terminal),
+            checkpoint: req.checkpoint.clone(),
+            pid: pid as u32,
+            ..Default::default()
+        }));
+        self.monitor_init(container);
+        Ok(CreateTaskResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+
+    /// Publishes init's exit once it is reaped (and its execs' exits are out).
+    fn monitor_init(&self, c: Arc<Container>) {
+        let Some(rx) = c.take_init_exit() else { return };
+        let publisher = self.publisher.clone();
+        tokio::spawn(async move {
+            let Ok(exit) = rx.await else { return };
+            let info = c.init_exited(exit).await;
+            publisher.publish(exit_event(&c.id, &c.id, info));
+        });
+    }
+
+    fn monitor_exec(
+        &self,
+        c: Arc<Container>,
+        exec_id: String,
+        rx: tokio::sync::oneshot::Receiver<crate::reaper::Exit>,
+    ) {
+        let publisher = self.publisher.clone();
+        tokio::spawn(async move {
+            let Ok(exit) = rx.await else { return };
+            let Ok(p) = c.process(&exec_id) else { return };
+            p.io().drain(std::time::Duration::from_secs(2)).await;
+            let info = ExitInfo {
+                pid: exit.pid,
+                status: exit.status,
+                at: exit.at,
+            };
+            p.set_exited(info);
+            debug!(c.log, "exec exited"; "exec_id" => &exec_id, "status" => exit.status);
+            publisher.publish(exit_event(&c.id, &exec_id, info));
+        });
+    }
+
+    async fn do_start(&self, req: StartRequest) -> Result<StartResponse, TaskError> {
+        let c = self.get(&req.id)?;
+        let pid = if req.exec_id.is_empty() {
+            let pid = c.start_init().await?;
+            self.publisher.publish(Event::Start(TaskStart {
+                container_id: c.id.clone(),
+                pid: pid as u32,
+                ..Default::default()
+            }));
+            pid
+        } else {
+            let (p, rx) = c.start_exec(&req.exec_id).await?;
+            let pid = p.pid();
+            self.publisher.publish(Event::ExecStarted(TaskExecStarted {
+                container_id: c.id.clone(),
+                exec_id: req.exec_id.clone(),
+                pid: pid as u32,
+                ..Default::default()
+            }));
+            self.monitor_exec(c.clone(), req.exec_id.clone(), rx);
+            pid
+        };
+        Ok(StartResponse {
+            pid: pid as u32,
+            ..Default::default()
+        })
+    }
+
+    async fn do_delete(&self, req: DeleteRequest) -> Result<DeleteResponse, TaskError> {
+        let c = self.get(&req.id)?;
+        let exit = if req.exec_id.is_empty() {
+            let exit = c.delete().await?;
+            self.containers().remove(&req.id);
+            self.publisher.publish(Event::Delete(TaskDelete {
+                container_id: c.id.clone(),
+                pid: exit.pid as u32,
+                exit_status: exit.status,
+                exited_at: ts_field(Some(exit.at)),
+                id: c.id.clone(),
+                ..Default::default()
+            }));
+            exit
+        } else {
+            c.delete_exec(&req.exec_id)?
+        };
+        Ok(DeleteResponse {
+            pid: exit.pid as u32,
+            exit_status: exit.status,
+            exited_at: ts_field(Some(exit.at)),
+            ..Default::default()
+        })
+    }
+
+    fn do_state(&self, req: &StateRequest) -> Result<StateResponse, TaskError> {
+        let c = self.get(&req.id)?;
+        let p = c.process(&req.exec_id)?;
+        let exit = p.exit();
+        Ok(StateResponse {
+            id: if req.exec_id.is_empty() {
+                c.id.clone()
+            } else {
+                req.exec_id.clone()
+            },
+            bundle: c.bundle.display().to_string(),
+            pid: p.pid() as u32,
+            status: api_status(p.status()).into(),
+            stdin: p.stdio.stdin.clone(),
+            stdout: p.stdio.stdout.clone(),
+            stderr: p.stdio.stderr.clone(),
+            terminal: p.stdio.terminal,
+            exit_status: exit.map(|e| e.status).unwrap_or_default(),
+            exited_at: ts_field(exit.map(|e| e.at)),
+            exec_id: req.exec_id.clone(),
+            ..Default::default()
+        })
+    }
+
+    fn do_exec(&self, req: &ExecProcessRequest) -> Result<(), TaskError> {
+        let c = self.get(&req.id)?;
+        let spec = req.spec.as_ref().ok_or_else(|| {
+            TaskError::InvalidArgument(format!("exec {:?}: no process spec", req.exec_id))
+        })?;
+        let stdio = StdioPaths {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal: req.terminal,
+        };
+        c.add_exec(&req.exec_id, stdio, spec)?;
+        self.publisher.publish(Event::ExecAdded(TaskExecAdded {
+            container_id: c.id.clone(),
+            exec_id: req.exec_id.clone(),
+            ..Default::default()
+        }));
+        Ok(())
+    }
+}
+
+fn exit_event(container_id: &str, id: &str, info: ExitInfo) -> Event {
+    Event::Exit(TaskExit {
+        container_id: container_id.to_string(),
+        id: id.to_string(),
+        pid: info.pid as u32,
+        exit_status: info.status,
+        exited_at: ts_field(Some(info.at)),
+        ..Default::default()
+    })
+}
+
+fn unimplemented(rpc: &str) -> ttrpc::Error {
+    to_ttrpc(&TaskError::Unimplemented(format!(
+        "{rpc} is not implemented by gantry"
+    )))
+}
+
+/// The ttrpc-facing wrapper (the generated trait wants `Arc<dyn Task>`).
+#[derive(Clone)]
+pub struct Service(pub Arc<TaskService>);
+
+#[async_trait]
+impl Task for Service {
+    async fn create(
+        &self,
+        _: &TtrpcContext,
+        req: CreateTaskRequest,
+    ) -> TResult<CreateTaskResponse> {
+        let id = req.id.clone();
+        info!(self.0.log, "create"; "id" => &id, "bundle" => &req.bundle, "terminal" => req.terminal);
+        self.0
+            .do_create(req)
+            .await
+            .map_err(|e| self.0.fail("create", &id, e))
+    }
+
+    async fn start(&self, _: &TtrpcContext, req: StartRequest) -> TResult<StartResponse> {
+        let id = req.id.clone();
+        let exec = req.exec_id.clone();
+        debug!(self.0.log, "start"; "id" => &id, "exec_id" => &exec);
+        self.0
+            .do_start(req)
+            .await
+            .map_err(|e| self.0.fail("start", &id, e))
+    }
+
+    async fn delete(&self, _: &TtrpcContext, req: DeleteRequest) -> TResult<DeleteResponse> {
+        let id = req.id.clone();
+        debug!(self.0.log, "delete"; "id" => &id, "exec_id" => &req.exec_id);
+        self.0
+            .do_delete(req)
+            .await
+            .map_err(|e| self.0.fail("delete", &id, e))
+    }
+
+    async fn state(&self, _: &TtrpcContext, req: StateRequest) -> TResult<StateResponse> {
+        self.0
+            .do_state(&req)
+            .map_err(|e| self.0.fail("state", &req.id, e))
+    }
+
+    async fn wait(&self, _: &TtrpcContext, req: WaitRequest) -> TResult<WaitResponse> {
+        let p = self
+            .0
+            .get(&req.id)
+            .and_then(|c| c.process(&req.exec_id))
+            .map_err(|e| self.0.fail("wait", &req.id, e))?;
+        let exit = p.wait().await;
+        Ok(WaitResponse {
+            exit_status: exit.status,
+            exited_at: ts_field(Some(exit.at)),
+            ..Default::default()
+        })
+    }
+
+    async fn kill(&self, _: &TtrpcContext, req: KillRequest) -> TResult<Empty> {
+        debug!(self.0.log, "kill"; "id" => &req.id, "exec_id" => &req.exec_id, "signal" => req.signal, "all" => req.all);
+        let c = self
+            .0
+            .get(&req.id)
+            .map_err(|e| self.0.fail("kill", &req.id, e))?;
+        c.kill(&req.exec_id, req.signal, req.all)
+            .await
+            .map_err(|e| self.0.fail("kill", &req.id, e))?;
+        Ok(Empty::new())
+    }
+
+    async fn exec(&self, _: &TtrpcContext, req: ExecProcessRequest) -> TResult<Empty> {
+        debug!(self.0.log, "exec"; "id" => &req.id, "exec_id" => &req.exec_id);
+        self.0
+            .do_exec(&req)
+            .map_err(|e| self.0.fail("exec", &req.id, e))?;
+        Ok(Empty::new())
+    }
+
+    async fn pids(&self, _: &TtrpcContext, req: PidsRequest) -> TResult<PidsResponse> {
+        let c = self
+            .0
+            .get(&req.id)
+            .map_err(|e| self.0.fail("pids", &req.id, e))?;
+        let pids = c
+            .runtime
+            .ps(&c.id)
+            .await
+            .map_err(|e| self.0.fail("pids", &req.id, e.into()))?;
+        Ok(PidsResponse {
+            processes: pids
+                .into_iter()
+                .map(|pid| ProcessInfo {
+                    pid: pid as u32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+    }
+
+    async fn close_io(&self, _: &TtrpcContext, req: CloseIORequest) -> TResult<Empty> {
+        let p = self
+            .0
+            .get(&req.id)
+            .and_then(|c| c.process(&req.exec_id))
+            .map_err(|e| self.0.fail("close_io", &req.id, e))?;
+        if req.stdin {
+            p.io().close_stdin();
+        }
+        Ok(Empty::new())
+    }
+
+    async fn resize_pty(&self, _: &TtrpcContext, req: ResizePtyRequest) -> TResult<Empty> {
+        let p = self
+            .0
+            .get(&req.id)
+            .and_then(|c| c.process(&req.exec_id))
+            .map_err(|e| self.0.fail("resize_pty", &req.id, e))?;
+        p.io()
+            .resize(req.width, req.height)
+            .map_err(|e| self.0.fail("resize_pty", &req.id, e.into()))?;
+        Ok(Empty::new())
+    }
+
+    async fn pause(&self, _: &TtrpcContext, req: PauseRequest) -> TResult<Empty> {
+        let c = self
+            .0
+            .get(&req.id)
+            .map_err(|e| self.0.fail("pause", &req.id, e))?;
+        c.pause()
+            .await
+            .map_err(|e| self.0.fail("pause", &req.id, e))?;
+        self.0.publisher.publish(Event::Paused(TaskPaused {
+            container_id: c.id.clone(),
+            ..Default::default()
+        }));
+        Ok(Empty::new())
+    }
+
+    async fn resume(&self, _: &TtrpcContext, req: ResumeRequest) -> TResult<Empty> {
+        let c = self
+            .0
+            .get(&req.id)
+            .map_err(|e| self.0.fail("resume", &req.id, e))?;
+        c.resume()
+            .await
+            .map_err(|e| self.0.fail("resume", &req.id, e))?;
+        self.0.publisher.publish(Event::Resumed(TaskResumed {
+            container_id: c.id.clone(),
+            ..Default::default()
+        }));
+        Ok(Empty::new())
+    }
+
+    async fn update(&self, _: &TtrpcContext, req: UpdateTaskRequest) -> TResult<Empty> {
+        self.0
+            .get(&req.id)
+            .map_err(|e| self.0.fail("update", &req.id, e))?;
+        Err(unimplemented("Update"))
+    }
+
+    async fn stats(&self, _: &TtrpcContext, req: StatsRequest) -> TResult<StatsResponse> {
+        self.0
+            .get(&req.id)
+            .map_err(|e| self.0.fail("stats", &req.id, e))?;
+        Err(unimplemented("Stats"))
+    }
+
+    async fn checkpoint(&self, _: &TtrpcContext, req: CheckpointTaskRequest) -> TResult<Empty> {
+        self.0
+            .get(&req.id)
+            .map_err(|e| self.0.fail("checkpoint", &req.id, e))?;
+        Err(unimplemented("Checkpoint"))
+    }
+
+    async fn connect(&self, _: &TtrpcContext, req: ConnectRequest) -> TResult<ConnectResponse> {
+        let task_pid = self
+            .0
+            .get(&req.id)
+            .map(|c| c.init.pid() as u32)
+            .unwrap_or_default();
+        Ok(ConnectResponse {
+            shim_pid: std::process::id(),
+            task_pid,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            ..Default::default()
+        })
+    }
+
+    async fn shutdown(&self, _: &TtrpcContext, req: ShutdownRequest) -> TResult<Empty> {
+        let empty = self.0.is_empty();
+        info!(self.0.log, "shutdown"; "id" => &req.id, "exiting" => empty);
+        if empty {
+            self.0.shutdown.notify_one();
+        }
+        Ok(Empty::new())
+    }
+}
+
+/// Registers the service under both names engines call: `containerd.task.v2.Task`
+/// (containerd 1.6/1.7, CRI-O) and `containerd.task.v3.Task` (containerd 2.x).
+pub fn services(svc: Service) -> HashMap<String, ttrpc::r#async::Service> {
+    let mut all = containerd_shim_protos::shim_async::create_task(Arc::new(svc.clone()));
+    let v2 = containerd_shim_protos::shim_async::create_task(Arc::new(svc));
+    for (name, service) in v2 {
+        all.insert(name.replace(".v3.", ".v2."), service);
+    }
+    all
+}
+
+#[allow(dead_code)]
+fn _log_child(log: &Logger, id: &str) -> Logger {
+    log.new(o!("id" => id.to_string()))
+}

@@ -1,0 +1,186 @@
+//! Reading the bundle's `config.json` and the edits gantry makes to it before the OCI runtime
+//! sees it. Each edit is a small function over the parsed spec (devices live in
+//! [`crate::devices`]); [`edit`] runs them in order and says whether anything changed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::Spec;
+use thiserror::Error;
+
+use crate::config::Config;
+use crate::devices::{self, DeviceError, Injection};
+
+pub const CRIO_SANDBOX_ID: &str = "io.kubernetes.cri-o.SandboxID";
+pub const CRIO_CONTAINER_TYPE: &str = "io.kubernetes.cri-o.ContainerType";
+pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+pub const RUNC_GROUP: &str = "io.containerd.runc.v2.group";
+
+#[derive(Debug, Error)]
+pub enum SpecError {
+    #[error("invalid id {id:?}: {why}")]
+    Id { id: String, why: &'static str },
+    #[error("read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("malformed {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Devices(#[from] DeviceError),
+}
+
+/// Ids become file and directory names: refuse anything that could escape or confuse them.
+pub fn validate_id(id: &str) -> Result<(), SpecError> {
+    let bad = |why| {
+        Err(SpecError::Id {
+            id: id.to_string(),
+            why,
+        })
+    };
+    if id.is_empty() {
+        return bad("empty");
+    }
+    if id.len() > 1024 {
+        return bad("longer than 1024 bytes");
+    }
+    if id == "." || id == ".." || id.contains("..") {
+        return bad("contains \"..\"");
+    }
+    if !id
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '+' | '@' | ':'))
+    {
+        return bad("only letters, digits and _ - . + @ : are allowed");
+    }
+    Ok(())
+}
+
+pub fn config_path(bundle: &Path) -> PathBuf {
+    bundle.join("config.json")
+}
+
+/// Reads and parses `config.json`; the raw bytes are returned too so a failed create can
+/// restore the file exactly.
+pub fn load(bundle: &Path) -> Result<(Spec, Vec<u8>), SpecError> {
+    let path = config_path(bundle);
+    let raw = std::fs::read(&path).map_err(|source| SpecError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let spec = serde_json::from_slice(&raw).map_err(|source| SpecError::Parse { path, source })?;
+    Ok((spec, raw))
+}
+
+pub fn save(bundle: &Path, spec: &Spec) -> Result<(), SpecError> {
+    let path = config_path(bundle);
+    let data = serde_json::to_vec(spec).map_err(|e| SpecError::Write {
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    std::fs::write(&path, data).map_err(|source| SpecError::Write { path, source })
+}
+
+/// Annotations of a spec, empty when absent.
+pub fn annotations(spec: &Spec) -> HashMap<String, String> {
+    spec.annotations().clone().unwrap_or_default()
+}
+
+/// The pod a container belongs to, so all of a pod's containers share one daemon.
+pub fn group_id(annotations: &HashMap<String, String>) -> Option<String> {
+    [CRIO_SANDBOX_ID, CRI_SANDBOX_ID, RUNC_GROUP]
+        .iter()
+        .find_map(|k| annotations.get(*k).filter(|v| !v.is_empty()).cloned())
+}
+
+/// True for containers CRI-O created (it expects `<bundle>/oom` on OOM kills).
+pub fn is_crio(annotations: &HashMap<String, String>) -> bool {
+    annotations.contains_key(CRIO_SANDBOX_ID) || annotations.contains_key(CRIO_CONTAINER_TYPE)
+}
+
+/// The container's root filesystem as the runtime will resolve it.
+pub fn root_path(bundle: &Path, spec: &Spec) -> PathBuf {
+    let root = spec
+        .root()
+        .as_ref()
+        .map(|r| r.path().clone())
+        .unwrap_or_else(|| PathBuf::from("rootfs"));
+    if root.is_absolute() {
+        root
+    } else {
+        bundle.join(root)
+    }
+}
+
+/// What the edits did, for logs and annotations.
+#[derive(Debug, Default)]
+pub struct Edits {
+    pub devices: Injection,
+}
+
+impl Edits {
+    pub fn changed(&self) -> bool {
+        !self.devices.devices.is_empty()
+    }
+}
+
+/// Runs every spec edit in order.
+pub fn edit(spec: &mut Spec, config: &Config) -> Result<Edits, SpecError> {
+    let privileged = devices::is_privileged(spec);
+    let devices = devices::inject(spec, &config.devices, privileged)?;
+    Ok(Edits { devices })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids() {
+        for ok in ["abc", "a-b_c.d", "k8s_POD_x_1", "0123456789abcdef"] {
+            assert!(validate_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a/b", "..", "../x", "a..b", "a b", "x\0"] {
+            assert!(validate_id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn grouping_annotations() {
+        let mut a = HashMap::new();
+        assert_eq!(group_id(&a), None);
+        a.insert(CRI_SANDBOX_ID.to_string(), "pod1".to_string());
+        assert_eq!(group_id(&a).as_deref(), Some("pod1"));
+        a.insert(CRIO_SANDBOX_ID.to_string(), "pod2".to_string());
+        assert_eq!(group_id(&a).as_deref(), Some("pod2"));
+        assert!(is_crio(&a));
+    }
+
+    #[test]
+    fn malformed_config_names_file_and_position() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), "{\"ociVersion\": 1,,}").unwrap();
+        let e = load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("config.json") && e.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn relative_root_is_under_bundle() {
+        let spec: Spec =
+            serde_json::from_str(r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"}}"#).unwrap();
+        assert_eq!(
+            root_path(Path::new("/b"), &spec),
+            PathBuf::from("/b/rootfs")
+        );
+    }
+}
