@@ -1,1 +1,5 @@
+//! Integration tests: gantry against real engines, runtimes and the kernel.
+//! They need root, containerd, runc and busybox-static (scripts/test.sh installs them).
 
+mod common;
+mod containerd;

@@ -1,0 +1,434 @@
+//! Test harness: a private containerd (own root, state, sockets under one temp dir), a
+//! busybox image built from Debian's busybox-static, and helpers to start gantry the way
+//! CRI-O does and talk ttrpc to it.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+pub const SHIM: &str = env!("CARGO_BIN_EXE_containerd-shim-gantry-v2");
+pub const RUNTIME: &str = "io.containerd.gantry.v2";
+pub const IMAGE: &str = "docker.io/gantry/busybox:latest";
+
+pub struct Env {
+    /// Everything of this test run lives below here.
+    pub dir: PathBuf,
+    pub ctr_sock: PathBuf,
+    /// The gantry config containerd's shims use (via GANTRY_CONFIG).
+    pub config: PathBuf,
+    pub socket_dir: PathBuf,
+    pub runtime_root: PathBuf,
+    pub state_dir: PathBuf,
+    pub image_tar: PathBuf,
+    pub rootfs: PathBuf,
+    imported: Mutex<HashSet<String>>,
+}
+
+static ENV: OnceLock<Env> = OnceLock::new();
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs a command, panicking with its output when it cannot be started.
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"))
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "status={:?}\nstdout={}\nstderr={}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    f()
+}
+
+/// The shared test environment; containerd starts on first use and dies with the test binary.
+pub fn env() -> &'static Env {
+    ENV.get_or_init(|| {
+        clean_stale_runs();
+        let dir = PathBuf::from(format!("/tmp/gantry-it-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let image_dir = dir.join("image");
+        let o = run(Command::new("bash")
+            .arg(repo().join("scripts/busybox-image.sh"))
+            .arg(&image_dir)
+            .arg(IMAGE));
+        assert!(o.status.success(), "busybox image: {}", text(&o));
+
+        let socket_dir = dir.join("s");
+        let runtime_root = dir.join("rt");
+        let config = dir.join("gantry.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[shim]\nsocket_dir = {:?}\nlog_level = \"debug\"\n[runtime]\nroot = {:?}\n",
+                socket_dir, runtime_root
+            ),
+        )
+        .unwrap();
+        let ctr_sock = dir.join("containerd.sock");
+        let state_dir = dir.join("state");
+        let cd_config = dir.join("containerd.toml");
+        std::fs::write(
+            &cd_config,
+            format!(
+                "version = 2\nroot = {:?}\nstate = {:?}\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+                 [grpc]\n  address = {:?}\n[ttrpc]\n  address = {:?}\n",
+                dir.join("root"),
+                state_dir,
+                ctr_sock,
+                dir.join("containerd.sock.ttrpc"),
+            ),
+        )
+        .unwrap();
+        let shim_dir = Path::new(SHIM).parent().unwrap().to_path_buf();
+        let path = format!("{}:{}", shim_dir.display(), std::env::var("PATH").unwrap_or_default());
+        let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
+        let cd_config2 = cd_config.clone();
+        let config2 = config.clone();
+        // containerd is started from a thread that never ends, with PDEATHSIG, so it dies
+        // with this test binary whatever way the binary ends.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::os::unix::process::CommandExt;
+            let mut cmd = Command::new("containerd");
+            cmd.arg("--config")
+                .arg(&cd_config2)
+                .env("PATH", &path)
+                .env("GANTRY_CONFIG", &config2)
+                .stdout(log.try_clone().unwrap())
+                .stderr(log);
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn().expect("start containerd (apt-get install containerd)");
+            tx.send(child.id()).unwrap();
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().unwrap();
+        let env = Env {
+            dir: dir.clone(),
+            ctr_sock,
+            config,
+            socket_dir,
+            runtime_root,
+            state_dir,
+            image_tar: image_dir.join("image.tar"),
+            rootfs: image_dir.join("rootfs"),
+            imported: Mutex::new(HashSet::new()),
+        };
+        let up = wait_until(Duration::from_secs(20), || {
+            env.ctr("default", &["version"]).status.success()
+        });
+        assert!(up, "containerd did not start: {}", std::fs::read_to_string(dir.join("containerd.log")).unwrap_or_default());
+        env
+    })
+}
+
+impl Env {
+    pub fn ctr_cmd(&self, ns: &str) -> Command {
+        let mut c = Command::new("ctr");
+        c.arg("--address").arg(&self.ctr_sock).arg("-n").arg(ns);
+        c.stdin(Stdio::null());
+        c
+    }
+
+    pub fn ctr(&self, ns: &str, args: &[&str]) -> Output {
+        run(self.ctr_cmd(ns).args(args))
+    }
+
+    /// A namespace holding the busybox image, with its own gantry config (socket dir and
+    /// runtime root), so each test's leak checks see only its own containers.
+    pub fn namespace(&self, ns: &str) -> Ns {
+        self.namespace_with(ns, "")
+    }
+
+    /// Like [`Env::namespace`], with extra TOML appended to the namespace's gantry config.
+    pub fn namespace_with(&self, ns: &str, extra_toml: &str) -> Ns {
+        // Unique per run: cgroup paths (/<ns>/<id>) are global on the host.
+        let ns = &format!("{ns}-{}", std::process::id());
+        let dir = self.dir.join(ns);
+        let n = Ns {
+            name: ns.to_string(),
+            config: dir.join("gantry.toml"),
+            socket_dir: dir.join("s"),
+            runtime_root: dir.join("rt"),
+            dir,
+        };
+        std::fs::create_dir_all(&n.dir).unwrap();
+        let (runtime_extra, rest) = match extra_toml.strip_prefix("[runtime]") {
+            Some(r) => (r.to_string(), String::new()),
+            None => (String::new(), extra_toml.to_string()),
+        };
+        std::fs::write(
+            &n.config,
+            format!(
+                "[shim]\nsocket_dir = {:?}\nlog_level = \"debug\"\n[runtime]\nroot = {:?}\n{runtime_extra}\n{rest}\n",
+                n.socket_dir, n.runtime_root
+            ),
+        )
+        .unwrap();
+        let mut done = self.imported.lock().unwrap();
+        if !done.contains(ns) {
+            let o = self.ctr(ns, &["images", "import", self.image_tar.to_str().unwrap()]);
+            assert!(o.status.success(), "import: {}", text(&o));
+            done.insert(ns.to_string());
+        }
+        n
+    }
+
+    /// `ctr run --rm` through gantry; returns the output.
+    pub fn ctr_run(&self, ns: &Ns, id: &str, extra: &[&str], cmd: &[&str]) -> Output {
+        let config = ns.config.to_str().unwrap();
+        let mut args = vec![
+            "run",
+            "--rm",
+            "--runtime",
+            RUNTIME,
+            "--runtime-config-path",
+            config,
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[IMAGE, id]);
+        args.extend_from_slice(cmd);
+        self.ctr(&ns.name, &args)
+    }
+
+    /// `ctr run -d` through gantry (the task keeps running).
+    pub fn ctr_run_detached(&self, ns: &Ns, id: &str, extra: &[&str], cmd: &[&str]) -> Output {
+        let config = ns.config.to_str().unwrap();
+        let mut args = vec![
+            "run",
+            "-d",
+            "--runtime",
+            RUNTIME,
+            "--runtime-config-path",
+            config,
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[IMAGE, id]);
+        args.extend_from_slice(cmd);
+        self.ctr(&ns.name, &args)
+    }
+
+    /// The bundle containerd made for a task.
+    pub fn bundle(&self, ns: &str, id: &str) -> PathBuf {
+        self.state_dir
+            .join("io.containerd.runtime.v2.task")
+            .join(ns)
+            .join(id)
+    }
+
+    /// Everything a namespace's containers could leave behind, as readable lines; empty when clean.
+    pub fn leftovers(&self, ns: &Ns) -> Vec<String> {
+        let mut left = Vec::new();
+        let tasks = self
+            .state_dir
+            .join("io.containerd.runtime.v2.task")
+            .join(&ns.name);
+        for e in std::fs::read_dir(&tasks).into_iter().flatten().flatten() {
+            left.push(format!("bundle {}", e.path().display()));
+        }
+        for e in std::fs::read_dir(&ns.socket_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            left.push(format!("socket {}", e.path().display()));
+        }
+        let ns_dir = &ns.dir;
+        let ns = ns.name.as_str();
+        for e in std::fs::read_dir(ns_dir.join("bundles"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for f in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+                let name = f.file_name().to_string_lossy().into_owned();
+                if !KEEP_IN_BUNDLE.contains(&name.as_str()) {
+                    left.push(format!("bundle file {}", f.path().display()));
+                }
+            }
+        }
+        let runtime_ns = self.dir.join(ns).join("rt").join(ns);
+        for e in std::fs::read_dir(&runtime_ns)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            left.push(format!("runtime state {}", e.path().display()));
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for l in mounts.lines() {
+            if let Some(mp) = l.split(' ').nth(4) {
+                if mp.contains(&format!("/{ns}/")) && mp.starts_with(self.dir.to_str().unwrap()) {
+                    left.push(format!("mount {mp}"));
+                }
+            }
+        }
+        for ctl in ["memory", "pids", "cpu", "devices", "freezer"] {
+            let d = Path::new("/sys/fs/cgroup").join(ctl).join(ns);
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                if e.path().is_dir() {
+                    left.push(format!("cgroup {}", e.path().display()));
+                }
+            }
+        }
+        left.extend(
+            self.shim_processes(ns)
+                .into_iter()
+                .map(|p| format!("shim process {p}")),
+        );
+        left
+    }
+
+    /// Pids of gantry daemons serving `ns`.
+    pub fn shim_processes(&self, ns: &str) -> Vec<i32> {
+        let mut pids = Vec::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+                continue;
+            };
+            let args: Vec<String> = cmd
+                .split(|b| *b == 0)
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect();
+            let is_shim = args
+                .first()
+                .is_some_and(|a| a.ends_with("containerd-shim-gantry-v2"));
+            let in_ns = args.windows(2).any(|w| w[0] == "-namespace" && w[1] == ns);
+            let serving = !args.iter().any(|a| a == "start" || a == "delete");
+            if is_shim && in_ns && serving {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+}
+
+/// Removes what an aborted earlier run left: its containers (through runc), daemons, mounts.
+fn clean_stale_runs() {
+    let Ok(entries) = std::fs::read_dir("/tmp") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("gantry-it-")
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let dir = e.path();
+        for p in shim_pids_under(&dir) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        for ns in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            for root in std::fs::read_dir(ns.path().join("rt"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let list = run(Command::new("runc")
+                    .arg("--root")
+                    .arg(root.path())
+                    .args(["list", "-q"]));
+                for id in String::from_utf8_lossy(&list.stdout).lines() {
+                    let _ = run(Command::new("runc")
+                        .arg("--root")
+                        .arg(root.path())
+                        .args(["delete", "--force", id]));
+                }
+            }
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut points: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(dir.to_str().unwrap_or("-")))
+            .collect();
+        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for m in points {
+            let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+fn shim_pids_under(dir: &Path) -> Vec<i32> {
+    let needle = dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd);
+            (cmd.contains("containerd-shim-gantry-v2") && cmd.contains(&needle)).then_some(pid)
+        })
+        .collect()
+}
+
+/// Files a CRI-O-style test bundle holds before gantry touches it (and that may stay).
+pub const KEEP_IN_BUNDLE: &[&str] = &[
+    "config.json",
+    "address",
+    "shim.pid",
+    "stdout",
+    "stderr",
+    "stdin",
+    "log",
+];
+
+/// A test namespace and its private gantry config.
+pub struct Ns {
+    pub name: String,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub socket_dir: PathBuf,
+    pub runtime_root: PathBuf,
+}
+
+/// Waits until the namespace has nothing left, returning what is still there on timeout.
+pub fn assert_clean(env: &Env, ns: &Ns) {
+    let mut left = Vec::new();
+    let clean = wait_until(Duration::from_secs(10), || {
+        left = env.leftovers(ns);
+        left.is_empty()
+    });
+    assert!(clean, "left behind in {}:\n{}", ns.name, left.join("\n"));
+}
