@@ -1,5 +1,7 @@
 //! Integration tests: gantry against real engines, runtimes and the kernel.
 //! They need root, containerd, runc and busybox-static (scripts/test.sh installs them).
 
+mod bad_input;
 mod common;
 mod containerd;
+mod crio;

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -148,6 +148,18 @@ pub fn start(flags: &Flags, stdin: &[u8]) -> Result<String, BootstrapError> {
     Ok(address)
 }
 
+fn bind_unlistened(path: &Path) -> std::io::Result<OwnedFd> {
+    use nix::sys::socket::{bind, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    bind(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
+    Ok(fd)
+}
+
 fn peer_pid(conn: &UnixStream) -> Option<i32> {
     nix::sys::socket::getsockopt(conn, nix::sys::socket::sockopt::PeerCredentials)
         .ok()
@@ -162,7 +174,9 @@ fn spawn_daemon(
     engine: &EngineOptions,
 ) -> Result<i32, BootstrapError> {
     let _ = std::fs::remove_file(sock);
-    let listener = UnixListener::bind(sock).map_err(io_err("bind", sock))?;
+    // Bound here, listened on by the daemon: SO_PEERCRED then names the daemon, which is how
+    // a later `start` of the same pod learns its pid.
+    let listener = bind_unlistened(sock).map_err(io_err("bind", sock))?;
     let cleanup = |e| {
         let _ = std::fs::remove_file(sock);
         e

@@ -84,8 +84,15 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger) -> Result<(), DaemonEr
     ));
     let shutdown = task.shutdown.clone();
 
-    // SAFETY: `start` handed us this bound listener as fd 3; nothing else owns it.
-    let server = unsafe { ttrpc::r#async::Server::new().add_unix_listener(LISTENER_FD) };
+    // SAFETY: `start` handed us this bound socket as fd 3; nothing else owns it.
+    let listener = unsafe { std::os::fd::OwnedFd::from_raw_fd(LISTENER_FD) };
+    nix::sys::socket::listen(&listener, nix::sys::socket::Backlog::MAXCONN)
+        .map_err(|e| DaemonError::Listener(ttrpc::Error::Others(e.to_string())))?;
+    // SAFETY: ownership of the listening socket passes to the server.
+    let server = unsafe {
+        ttrpc::r#async::Server::new()
+            .add_unix_listener(std::os::fd::IntoRawFd::into_raw_fd(listener))
+    };
     let mut server = server
         .map_err(DaemonError::Listener)?
         .register_service(services(Service(task.clone())));

@@ -432,3 +432,152 @@ pub fn assert_clean(env: &Env, ns: &Ns) {
     });
     assert!(clean, "left behind in {}:\n{}", ns.name, left.join("\n"));
 }
+
+/// A bundle laid out the way CRI-O lays it out: `config.json` with CRI-O annotations and an
+/// absolute, already present `root.path`, plus a stdout FIFO.
+pub struct CrioBundle {
+    pub id: String,
+    pub dir: PathBuf,
+    pub stdout: PathBuf,
+}
+
+pub fn crio_bundle(
+    ns: &Ns,
+    id: &str,
+    sandbox: &str,
+    args: &[&str],
+    patch: impl FnOnce(&mut serde_json::Value),
+) -> CrioBundle {
+    let env = env();
+    let dir = ns.dir.join("bundles").join(id);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = run(Command::new("runc").args(["spec", "--bundle"]).arg(&dir));
+    assert!(o.status.success(), "runc spec: {}", text(&o));
+    let path = dir.join("config.json");
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    spec["process"]["terminal"] = false.into();
+    spec["process"]["args"] = args.iter().map(|a| serde_json::Value::from(*a)).collect();
+    spec["root"]["path"] = env.rootfs.to_str().unwrap().into();
+    spec["root"]["readonly"] = true.into();
+    spec["linux"]["cgroupsPath"] = format!("/{}/{}", ns.name, id).into();
+    let kind = if id == sandbox {
+        "sandbox"
+    } else {
+        "container"
+    };
+    spec["annotations"] = serde_json::json!({
+        "io.kubernetes.cri-o.SandboxID": sandbox,
+        "io.kubernetes.cri-o.ContainerType": kind,
+    });
+    patch(&mut spec);
+    std::fs::write(&path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+    let stdout = dir.join("stdout");
+    nix::unistd::mkfifo(&stdout, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    CrioBundle {
+        id: id.to_string(),
+        dir,
+        stdout,
+    }
+}
+
+/// Runs `start` exactly as CRI-O does: `-address ""`, empty TTRPC_ADDRESS, empty stdin,
+/// cwd = the bundle. Returns the command output (stdout should be the address).
+pub fn crio_start(ns: &Ns, bundle: &Path, id: &str, stdin: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(SHIM)
+        .args([
+            "-namespace",
+            "default",
+            "-address",
+            "",
+            "-publish-binary",
+            "/usr/bin/crio",
+            "-id",
+            id,
+            "start",
+        ])
+        .current_dir(bundle)
+        .env("TTRPC_ADDRESS", "")
+        .env("GRPC_ADDRESS", "")
+        .env("NAMESPACE", "default")
+        .env("MAX_SHIM_VERSION", "2")
+        .env("GANTRY_CONFIG", &ns.config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin).unwrap();
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+/// A ttrpc Task client on a daemon's address.
+pub async fn task_client(address: &str) -> containerd_shim_protos::shim_async::TaskClient {
+    let c = ttrpc::asynchronous::Client::connect(address).await.unwrap();
+    containerd_shim_protos::shim_async::TaskClient::new(c)
+}
+
+pub fn ctx() -> ttrpc::context::Context {
+    ttrpc::context::with_timeout(Duration::from_secs(60).as_nanos() as i64)
+}
+
+/// The ttrpc code of a failed call.
+pub fn code(e: &ttrpc::Error) -> ttrpc::Code {
+    match e {
+        ttrpc::Error::RpcStatus(s) => s.code(),
+        other => panic!("not an RPC status: {other:?}"),
+    }
+}
+
+pub fn message(e: &ttrpc::Error) -> String {
+    match e {
+        ttrpc::Error::RpcStatus(s) => s.message().to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Opens a FIFO's read side without blocking (as CRI-O does before Create).
+pub fn open_fifo_reader(path: &Path) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .unwrap()
+}
+
+/// Reads what is available on a non-blocking FIFO until EOF or `timeout`.
+pub fn read_fifo(f: &mut std::fs::File, timeout: Duration) -> String {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let end = Instant::now() + timeout;
+    let mut buf = [0u8; 4096];
+    while Instant::now() < end {
+        match f.read(&mut buf) {
+            Ok(0) if !out.is_empty() => break,
+            Ok(0) => std::thread::sleep(Duration::from_millis(20)),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `runtimeoptions.v1.Options{config_path}` as CRI-O's `runtime_config_path` sends it.
+pub fn runtimeoptions_any(config_path: &Path) -> protobuf::well_known_types::any::Any {
+    let p = config_path.to_str().unwrap().as_bytes();
+    assert!(p.len() < 128);
+    let mut value = vec![0x12, p.len() as u8];
+    value.extend_from_slice(p);
+    let mut any = protobuf::well_known_types::any::Any::new();
+    any.type_url = "runtimeoptions.v1.Options".into();
+    any.value = value;
+    any
+}

@@ -1,0 +1,296 @@
+//! gantry started and driven exactly as CRI-O drives a `runtime_type = "vm"` handler:
+//! `start` with an empty address and stdin, then the Task API over ttrpc.
+
+use std::time::Duration;
+
+use containerd_shim_protos::api::{
+    ConnectRequest, CreateTaskRequest, DeleteRequest, KillRequest, ShutdownRequest, StartRequest,
+    StateRequest, Status, WaitRequest,
+};
+
+use crate::common::{
+    assert_clean, code, crio_bundle, crio_start, ctx, env, message, open_fifo_reader, read_fifo,
+    task_client, text, wait_until,
+};
+
+fn create_req(b: &crate::common::CrioBundle) -> CreateTaskRequest {
+    CreateTaskRequest {
+        id: b.id.clone(),
+        bundle: b.dir.to_str().unwrap().into(),
+        stdout: b.stdout.to_str().unwrap().into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crio_lifecycle_grouping_and_shutdown() {
+    let env = env();
+    let ns = env.namespace("crio-pod");
+    let infra = crio_bundle(&ns, "pod1", "pod1", &["sleep", "1000"], |_| {});
+    let app = crio_bundle(
+        &ns,
+        "app1",
+        "pod1",
+        &["sh", "-c", "echo hi from app; exit 7"],
+        |_| {},
+    );
+
+    let o = crio_start(&ns, &infra.dir, "pod1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.stderr.is_empty(), "start wrote to stderr: {}", text(&o));
+    let address = String::from_utf8(o.stdout.clone()).unwrap();
+    assert!(address.starts_with("unix:///"), "{address:?}");
+    assert_eq!(
+        std::fs::read_to_string(infra.dir.join("address")).unwrap(),
+        address
+    );
+    let daemon: i32 = std::fs::read_to_string(infra.dir.join("shim.pid"))
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    let client = task_client(&address).await;
+    let _infra_out = open_fifo_reader(&infra.stdout);
+    let created = client.create(ctx(), &create_req(&infra)).await.unwrap();
+    assert!(created.pid > 0);
+    client
+        .start(
+            ctx(),
+            &StartRequest {
+                id: "pod1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    // Liveness probe on a running init.
+    let probe = KillRequest {
+        id: "pod1".into(),
+        signal: 0,
+        ..Default::default()
+    };
+    client.kill(ctx(), &probe).await.unwrap();
+
+    // The second container of the pod joins the same daemon.
+    let o = crio_start(&ns, &app.dir, "app1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8(o.stdout.clone()).unwrap(), address);
+    let app_daemon: i32 = std::fs::read_to_string(app.dir.join("shim.pid"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(app_daemon, daemon);
+    assert_eq!(
+        env.shim_processes("default")
+            .iter()
+            .filter(|p| **p == daemon)
+            .count(),
+        1
+    );
+
+    // CRI-O opens one connection per container.
+    let client2 = task_client(&address).await;
+    let mut app_out = open_fifo_reader(&app.stdout);
+    client2.create(ctx(), &create_req(&app)).await.unwrap();
+    client2
+        .start(
+            ctx(),
+            &StartRequest {
+                id: "app1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let w = client2
+        .wait(
+            ctx(),
+            &WaitRequest {
+                id: "app1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.exit_status, 7);
+    assert_eq!(
+        read_fifo(&mut app_out, Duration::from_secs(5)).trim(),
+        "hi from app"
+    );
+
+    let st = client2
+        .state(
+            ctx(),
+            &StateRequest {
+                id: "app1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(st.status.enum_value_or_default(), Status::STOPPED);
+    assert_eq!(st.exit_status, 7);
+    assert_eq!(st.stdout, app.stdout.to_str().unwrap());
+    assert!(!st.terminal);
+    assert_eq!(st.bundle, app.dir.to_str().unwrap());
+
+    // Signal 0 to an exited process is an error; SIGKILL/SIGTERM succeed.
+    let e = client2
+        .kill(
+            ctx(),
+            &KillRequest {
+                id: "app1".into(),
+                signal: 0,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), ttrpc::Code::NOT_FOUND, "{}", message(&e));
+    client2
+        .kill(
+            ctx(),
+            &KillRequest {
+                id: "app1".into(),
+                signal: 9,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    let d = client2
+        .delete(
+            ctx(),
+            &DeleteRequest {
+                id: "app1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(d.exit_status, 7);
+    client2
+        .shutdown(
+            ctx(),
+            &ShutdownRequest {
+                id: "app1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    // Still serving the infra container.
+    let c = client
+        .connect(
+            ctx(),
+            &ConnectRequest {
+                id: "pod1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(c.shim_pid as i32, daemon);
+    assert_eq!(c.task_pid, created.pid);
+
+    // Two concurrent waiters get the same exit.
+    let wreq = WaitRequest {
+        id: "pod1".into(),
+        ..Default::default()
+    };
+    let w1 = client.wait(ctx(), &wreq);
+    let w2 = client.wait(ctx(), &wreq);
+    let kill = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        client
+            .kill(
+                ctx(),
+                &KillRequest {
+                    id: "pod1".into(),
+                    signal: 9,
+                    ..Default::default()
+                },
+            )
+            .await
+    };
+    let (w1, w2, k) = tokio::join!(w1, w2, kill);
+    k.unwrap();
+    let (w1, w2) = (w1.unwrap(), w2.unwrap());
+    assert_eq!(w1.exit_status, 137);
+    assert_eq!(w1.exit_status, w2.exit_status);
+    assert_eq!(w1.exited_at, w2.exited_at);
+
+    let d = client
+        .delete(
+            ctx(),
+            &DeleteRequest {
+                id: "pod1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(d.exit_status, 137);
+    client
+        .shutdown(
+            ctx(),
+            &ShutdownRequest {
+                id: "pod1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let gone = wait_until(Duration::from_secs(10), || {
+        !std::path::Path::new(&format!("/proc/{daemon}")).exists()
+    });
+    assert!(
+        gone,
+        "daemon {daemon} still running after the last Shutdown"
+    );
+    assert_clean(env, &ns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_accepts_every_stdin_form() {
+    use protobuf::Message;
+    let env = env();
+    let ns = env.namespace("crio-stdin");
+    let b = crio_bundle(&ns, "s1", "s1", &["true"], |_| {});
+    let legacy = crate::common::runtimeoptions_any(&ns.config)
+        .write_to_bytes()
+        .unwrap();
+    let bootstrap = {
+        let mut p = containerd_shim_protos::bootstrap_api::BootstrapParams::new();
+        p.instance_id = "someone-else".into();
+        p.namespace = "default".into();
+        p.write_to_bytes().unwrap()
+    };
+    let mut addresses = Vec::new();
+    for stdin in [b"".to_vec(), legacy, bootstrap, vec![0xff, 0x00, 0x13]] {
+        let o = crio_start(&ns, &b.dir, "s1", &stdin);
+        assert!(o.status.success() && o.stderr.is_empty(), "{}", text(&o));
+        addresses.push(String::from_utf8(o.stdout).unwrap());
+    }
+    // The same daemon answered every time; nothing was created, so Shutdown ends it.
+    assert!(addresses.windows(2).all(|w| w[0] == w[1]), "{addresses:?}");
+    let client = task_client(&addresses[0]).await;
+    client
+        .shutdown(
+            ctx(),
+            &ShutdownRequest {
+                id: "s1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let ns_clean = wait_until(Duration::from_secs(10), || {
+        std::fs::read_dir(&ns.socket_dir)
+            .map(|d| d.count() == 0)
+            .unwrap_or(true)
+    });
+    assert!(ns_clean, "socket left after shutdown");
+    assert_clean(env, &ns);
+}
