@@ -151,7 +151,7 @@ mod tests {
             ("k8s.io", "x", "/b")
         );
         assert_eq!(a, Action::Delete);
-        assert_eq!(parse(&["-debug=false"]).unwrap().0.debug, false);
+        assert!(!parse(&["-debug=false"]).unwrap().0.debug);
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub fn serve(flags: &Flags) -> Result<(), DaemonError> {
     if !flags.socket.is_empty() {
         let _ = std::fs::remove_file(&socket);
     }
-    info!(log, "daemon exiting");
+    info!(log, "daemon exiting"; "id" => &flags.id);
     result
 }
 
@@ -98,7 +98,7 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger) -> Result<(), DaemonEr
         .register_service(services(Service(task.clone())));
     server.start().await.map_err(DaemonError::Server)?;
     signal_ready();
-    info!(log, "serving"; "socket" => socket.display().to_string(), "events" => !address.is_empty());
+    info!(log, "serving"; "id" => &flags.id, "socket" => socket.display().to_string(), "events" => !address.is_empty());
 
     loop {
         shutdown.notified().await;

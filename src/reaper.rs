@@ -119,6 +119,12 @@ impl Reaper {
     }
 }
 
+impl std::fmt::Debug for Reaper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reaper")
+    }
+}
+
 /// Makes this process the reaper of every orphan below it (container inits and execs).
 pub fn set_subreaper() -> nix::Result<()> {
     nix::sys::prctl::set_child_subreaper(true)
@@ -155,6 +161,8 @@ mod tests {
         assert_eq!(r.subscribe(7).await.unwrap().status, 0);
     }
 
+    // The reaper under test is what waits for the child.
+    #[allow(clippy::zombie_processes)]
     #[tokio::test]
     async fn reaps_real_children() {
         let r = Reaper::default();
@@ -175,11 +183,5 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
         assert_eq!(got.status, 5);
-    }
-}
-
-impl std::fmt::Debug for Reaper {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Reaper")
     }
 }

@@ -108,6 +108,8 @@ pub fn env() -> &'static Env {
         // containerd is started from a thread that never ends, with PDEATHSIG, so it dies
         // with this test binary whatever way the binary ends.
         let (tx, rx) = std::sync::mpsc::channel();
+        // containerd lives as long as the test binary; PDEATHSIG ends it.
+        #[allow(clippy::zombie_processes)]
         std::thread::spawn(move || {
             use std::os::unix::process::CommandExt;
             let mut cmd = Command::new("containerd");

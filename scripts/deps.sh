@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what gantry's build, demo and tests need on a fresh Debian machine, skipping what is
+# already there: containerd 1.6, runc, crun, criu, busybox-static, protoc-free build deps.
+set -euo pipefail
+
+need=()
+for pair in containerd:containerd ctr:containerd runc:runc crun:crun criu:criu \
+            busybox:busybox-static pkg-config:pkg-config; do
+  cmd=${pair%%:*}; pkg=${pair#*:}
+  command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
+done
+# A dynamic busybox cannot serve as a container's whole userland.
+if command -v busybox >/dev/null 2>&1 && ! { ldd "$(command -v busybox)" 2>&1 || true; } | grep -q 'not a dynamic'; then
+  need+=(busybox-static)
+fi
+dpkg -s libseccomp-dev >/dev/null 2>&1 || need+=(libseccomp-dev)
+
+if [ ${#need[@]} -gt 0 ]; then
+  echo "deps: installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "deps: cargo not found; install a Rust toolchain (rustup) first" >&2
+  exit 1
+fi
