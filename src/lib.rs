@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod bootstrap;
+pub mod cgroups;
 pub mod config;
 pub mod container;
 pub mod daemon;

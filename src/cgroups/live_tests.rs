@@ -1,0 +1,287 @@
+//! Tests against the host's real cgroups. They need root and a v1 (legacy or hybrid) host for
+//! the v1 parts, and a cgroup2 mount for the v2 part; elsewhere they print why and pass.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use protobuf::Message;
+
+use super::*;
+
+/// A cgroup created for one test in each listed hierarchy, removed on drop.
+struct TestCgroup {
+    dirs: Vec<PathBuf>,
+}
+
+impl TestCgroup {
+    fn new(mounts: &[&str], tag: &str) -> Self {
+        let name = format!("gantry-unit-{}-{tag}", std::process::id());
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for m in mounts {
+            let dir = Path::new(m).join(&name);
+            // cpu and cpuacct may be one hierarchy behind two names.
+            let canon = fs::canonicalize(m).unwrap().join(&name);
+            if dirs.iter().any(|d| fs::canonicalize(d).ok() == Some(canon.clone())) {
+                continue;
+            }
+            fs::create_dir(&dir).unwrap();
+            dirs.push(dir);
+        }
+        Self { dirs }
+    }
+
+    fn dir(&self, mount: &str) -> PathBuf {
+        Path::new(mount).join(self.dirs[0].file_name().unwrap())
+    }
+
+    fn add(&self, pid: u32) {
+        for d in &self.dirs {
+            fs::write(d.join("cgroup.procs"), pid.to_string()).unwrap();
+        }
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for d in &self.dirs {
+            for _ in 0..50 {
+                if fs::remove_dir(d).is_ok() || !d.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// A shell that waits for a line on stdin before running `script`, so it can be moved into a
+/// cgroup first.
+struct Gated {
+    child: Child,
+    out: BufReader<ChildStdout>,
+}
+
+impl Gated {
+    fn spawn(script: &str) -> Self {
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("read go; {script}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Self { child, out }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn say(&mut self, line: &str) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn line(&mut self) -> String {
+        let mut s = String::new();
+        self.out.read_line(&mut s).unwrap();
+        s
+    }
+}
+
+impl Drop for Gated {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn v1_host() -> bool {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: needs root");
+        return false;
+    }
+    match host_is_v2() {
+        Ok(false) if Path::new("/sys/fs/cgroup/memory/cgroup.procs").exists() => true,
+        other => {
+            eprintln!("skipped: not a cgroup v1 host with a memory hierarchy ({other:?})");
+            false
+        }
+    }
+}
+
+const MEMORY: &str = "/sys/fs/cgroup/memory";
+
+#[test]
+fn v1_metrics_of_a_live_process() {
+    if !v1_host() {
+        return;
+    }
+    let mounts: Vec<&str> = [MEMORY, "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct"]
+        .into_iter()
+        .chain(["/sys/fs/cgroup/pids", "/sys/fs/cgroup/blkio"])
+        .filter(|m| Path::new(m).join("cgroup.procs").exists())
+        .collect();
+    let cg = TestCgroup::new(&mounts, "stats");
+    let pids_dir = cg.dir("/sys/fs/cgroup/pids");
+    let pids_limited = pids_dir.is_dir() && fs::write(pids_dir.join("pids.max"), "100").is_ok();
+    let mut child = Gated::spawn(
+        "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; \
+         x=$(head -c 2000000 /dev/zero | tr '\\0' a); echo ready; read done",
+    );
+    cg.add(child.pid());
+
+    let found = ContainerCgroup::for_pid(child.pid() as i32).unwrap();
+    let paths = found.v1_paths().unwrap();
+    assert_eq!(paths.memory, Some(cg.dir(MEMORY)));
+    assert_eq!(paths.cpuacct, Some(cg.dir("/sys/fs/cgroup/cpuacct")));
+    if pids_limited {
+        assert_eq!(paths.pids, Some(pids_dir));
+    }
+
+    let started = Instant::now();
+    child.say("go");
+    assert_eq!(child.line(), "ready\n");
+    let wall_ns = started.elapsed().as_nanos() as u64;
+
+    let any = found.metrics_any().unwrap();
+    assert_eq!(any.type_url, "io.containerd.cgroups.v1.Metrics");
+    let m = MetricsV1::parse_from_bytes(&any.value).unwrap();
+    let u = &m.cpu.usage;
+    eprintln!(
+        "live v1: wall {wall_ns} ns, cpu total {} user {} kernel {} per_cpu {:?}, mem {:?}",
+        u.total, u.user, u.kernel, u.per_cpu, m.memory.usage
+    );
+    // 300000 shell iterations take well over 10 ms; in µs or ticks this would be far smaller.
+    assert!(u.total > 10_000_000, "cpu total {} ns", u.total);
+    let cpus = u.per_cpu.len().max(1) as u64;
+    assert!(u.total <= wall_ns * cpus + 50_000_000, "cpu total {} ns", u.total);
+    let per_cpu: u64 = u.per_cpu.iter().sum();
+    assert!(per_cpu.abs_diff(u.total) <= u.total / 10, "{per_cpu} vs {}", u.total);
+    let split = u.user + u.kernel;
+    assert!(
+        split >= u.total / 2 && split <= u.total * 3 / 2,
+        "user+kernel {split} vs total {}",
+        u.total
+    );
+    assert!(m.memory.usage.usage > 1_000_000, "{:?}", m.memory.usage);
+    assert!(m.memory.usage.limit > 0);
+    assert!(m.memory.total_rss + m.memory.total_cache > 0);
+    assert_eq!(m.memory_oom_control.oom_kill, 0);
+    if pids_limited {
+        assert_eq!((m.pids.current, m.pids.limit), (1, 100));
+    }
+    assert!(m.cpu.throttling.is_some());
+    assert!(m.blkio.is_some());
+
+    child.say("done");
+    assert!(child.child.wait().unwrap().success());
+}
+
+#[tokio::test]
+async fn v1_oom_kill_is_notified() {
+    if !v1_host() {
+        return;
+    }
+    let cg = TestCgroup::new(&[MEMORY], "oom");
+    let dir = cg.dir(MEMORY);
+    fs::write(dir.join("memory.limit_in_bytes"), "8M").unwrap();
+    if dir.join("memory.memsw.limit_in_bytes").exists() {
+        fs::write(dir.join("memory.memsw.limit_in_bytes"), "8M").unwrap();
+    }
+    // `exec` so the killed process is the child itself; tail buffers /dev/zero without bound.
+    let mut child = Gated::spawn("exec tail /dev/zero");
+    cg.add(child.pid());
+
+    let found = ContainerCgroup::for_pid(child.pid() as i32).unwrap();
+    assert_eq!(found.oom_kills().unwrap(), 0);
+    let mut watcher = found.oom_watcher().unwrap();
+    child.say("go");
+
+    let got = tokio::time::timeout(Duration::from_secs(20), watcher.next()).await;
+    assert_eq!(got, Ok(Some(())));
+    let status = child.child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    assert!(found.oom_kills().unwrap() >= 1);
+    let m = MetricsV1::parse_from_bytes(&found.metrics_any().unwrap().value).unwrap();
+    assert!(m.memory_oom_control.oom_kill >= 1);
+    // (failcnt stays 0 on this 6.18 kernel even at the limit, so the peak is checked.)
+    assert!(m.memory.usage.max >= 7 << 20, "{:?}", m.memory.usage);
+
+    // Removing the cgroup also signals the eventfd; that must end the watcher, not fire it.
+    drop(cg);
+    let mut extra = 0;
+    let end = loop {
+        match tokio::time::timeout(Duration::from_secs(10), watcher.next()).await {
+            Ok(Some(())) if extra < 5 => extra += 1,
+            other => break other,
+        }
+    };
+    eprintln!("live v1 OOM: {extra} further notifications before the end");
+    assert_eq!(end, Ok(None), "after {extra} further notifications");
+}
+
+/// The unified hierarchy of a hybrid host (or the only one of a v2 host): no resource
+/// controllers here, but cpu.stat is always present, and it must stay in microseconds.
+#[tokio::test]
+async fn v2_metrics_on_a_controllerless_cgroup2() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let Some(mount) = parse_mountinfo(&mountinfo).into_iter().find(|m| m.v2) else {
+        eprintln!("skipped: no cgroup2 mount");
+        return;
+    };
+    let root = mount.mount_point.to_string_lossy().into_owned();
+    if mount.root != "/" || !Path::new(&root).join("cgroup.procs").exists() {
+        eprintln!("skipped: cgroup2 mount {root} does not show the root");
+        return;
+    }
+    let cg = TestCgroup::new(&[root.as_str()], "v2");
+    let mut child = Gated::spawn("i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo ready; read done");
+    cg.add(child.pid());
+
+    let cgroup = fs::read_to_string(format!("/proc/{}/cgroup", child.pid())).unwrap();
+    let found = ContainerCgroup::resolve(child.pid() as i32, true, &cgroup, &mountinfo).unwrap();
+    assert_eq!(found.v2_dir(), Some(cg.dir(&root).as_path()));
+
+    let started = Instant::now();
+    child.say("go");
+    assert_eq!(child.line(), "ready\n");
+    let wall_us = started.elapsed().as_micros() as u64;
+    let any = found.metrics_any().unwrap();
+    assert_eq!(any.type_url, "io.containerd.cgroups.v2.Metrics");
+    let m = MetricsV2::parse_from_bytes(&any.value).unwrap();
+    let controllers = fs::read_to_string(cg.dir(&root).join("cgroup.controllers")).unwrap();
+    eprintln!(
+        "live v2 at {}: controllers {:?}, wall {wall_us} us, cpu {:?}, memory set {}, events set {}",
+        root,
+        controllers.trim(),
+        m.cpu.usage_usec,
+        m.memory.is_some(),
+        m.memory_events.is_some()
+    );
+    assert!(m.cpu.usage_usec > 1_000, "usage {} us", m.cpu.usage_usec);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    assert!(
+        m.cpu.usage_usec <= wall_us * cpus + 50_000,
+        "usage {} us",
+        m.cpu.usage_usec
+    );
+    assert!(m.cpu.user_usec + m.cpu.system_usec > 0);
+    if !controllers.contains("memory") {
+        assert!(m.memory.is_none() && m.memory_events.is_none());
+        let e = found.oom_watcher().err().unwrap();
+        assert!(matches!(e, CgroupError::OomUnsupported(_)), "{e}");
+    }
+    child.say("done");
+    assert!(child.child.wait().unwrap().success());
+}

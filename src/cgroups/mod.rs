@@ -1,0 +1,511 @@
+//! A container's cgroup: where it lives, its usage as the protobuf `Metrics` that containerd and
+//! CRI-O decode from the Stats RPC, and OOM-kill notifications.
+//!
+//! The cgroup files are read directly rather than through libcgroups' `Stats`: the engines read
+//! fields libcgroups does not expose (the whole `memory.stat`, `memory.events`, PSI) and the units
+//! must be exactly containerd's (v1 CPU in nanoseconds, v2 in microseconds). libcgroups detects
+//! the host's cgroup mode.
+
+mod oom;
+mod v1;
+mod v2;
+
+#[cfg(test)]
+mod live_tests;
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+use libcgroups::common::CgroupSetup;
+use protobuf::well_known_types::any::Any;
+use protobuf::Message;
+
+pub use containerd_shim_protos::cgroups::metrics::Metrics as MetricsV1;
+pub use containerd_shim_protos::cgroups_v2::metrics::Metrics as MetricsV2;
+pub use oom::OomWatcher;
+pub use v1::v1_metrics;
+pub use v2::v2_metrics;
+
+/// Type URL of v1 stats. Bare, without `type.googleapis.com/`: containerd's typeurl registry and
+/// CRI-O look the message up by exactly this name.
+pub const V1_METRICS_TYPE_URL: &str = "io.containerd.cgroups.v1.Metrics";
+/// Type URL of v2 stats (see [`V1_METRICS_TYPE_URL`]).
+pub const V2_METRICS_TYPE_URL: &str = "io.containerd.cgroups.v2.Metrics";
+
+/// Why a cgroup could not be found, read or watched.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// The host's cgroup layout could not be determined.
+    #[error("cannot detect the host's cgroup mode: {0}")]
+    Mode(String),
+    /// The process's cgroup could not be located (process gone, controller not mounted).
+    #[error("cgroup of pid {pid}: {reason}")]
+    Locate { pid: i32, reason: String },
+    /// The cgroup has been removed: the container is gone (callers answer NOT_FOUND).
+    #[error("cgroup {} no longer exists", .0.display())]
+    Gone(PathBuf),
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{}: unexpected content {text:?}", .path.display())]
+    Parse { path: PathBuf, text: String },
+    /// This cgroup offers no OOM notification (no memory controller in its hierarchy).
+    #[error("OOM notification unavailable: {0}")]
+    OomUnsupported(String),
+    /// Async watchers register with the tokio reactor, so they need a runtime.
+    #[error("OOM watcher created outside a tokio runtime")]
+    NoRuntime,
+    #[error("encoding metrics: {0}")]
+    Encode(#[from] protobuf::Error),
+}
+
+/// Per-controller directories of a cgroup v1 container. A controller the host does not mount
+/// stays `None`; co-mounted controllers (`cpu,cpuacct`) share a directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct V1Paths {
+    pub memory: Option<PathBuf>,
+    pub cpu: Option<PathBuf>,
+    pub cpuacct: Option<PathBuf>,
+    pub pids: Option<PathBuf>,
+    pub blkio: Option<PathBuf>,
+    pub hugetlb: Option<PathBuf>,
+}
+
+impl V1Paths {
+    fn dirs(&self) -> impl Iterator<Item = &PathBuf> {
+        [
+            &self.memory,
+            &self.cpu,
+            &self.cpuacct,
+            &self.pids,
+            &self.blkio,
+            &self.hugetlb,
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Layout {
+    V1(V1Paths),
+    V2(PathBuf),
+}
+
+/// The cgroup of a running container, found from its init pid. Paths are resolved once: the
+/// runtime never moves a container's init, and re-resolving after it exits would fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerCgroup {
+    layout: Layout,
+}
+
+impl ContainerCgroup {
+    /// Locates the cgroup of `pid` from `/proc/<pid>/cgroup` and `/proc/self/mountinfo`. The
+    /// version follows the host, as the engines expect: a unified host (cgroup2 at
+    /// /sys/fs/cgroup) is v2; legacy and hybrid hosts (whose `unified` mount holds no resource
+    /// controllers) are v1.
+    pub fn for_pid(pid: i32) -> Result<Self, CgroupError> {
+        let v2 = host_is_v2()?;
+        let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| CgroupError::Locate {
+            pid,
+            reason: format!("/proc/{pid}/cgroup: {e}"),
+        })?;
+        let mountinfo =
+            fs::read_to_string("/proc/self/mountinfo").map_err(|e| io_err(Path::new("/proc/self/mountinfo"), e))?;
+        Self::resolve(pid, v2, &cgroup, &mountinfo)
+    }
+
+    /// A cgroup v2 directory, taken as is (fixture trees, or a path already known).
+    pub fn v2_at(dir: PathBuf) -> Self {
+        Self {
+            layout: Layout::V2(dir),
+        }
+    }
+
+    /// A set of cgroup v1 controller directories, taken as is.
+    pub fn v1_at(paths: V1Paths) -> Self {
+        Self {
+            layout: Layout::V1(paths),
+        }
+    }
+
+    pub fn is_v2(&self) -> bool {
+        matches!(self.layout, Layout::V2(_))
+    }
+
+    /// The v2 directory, or `None` on v1.
+    pub fn v2_dir(&self) -> Option<&Path> {
+        match &self.layout {
+            Layout::V2(d) => Some(d),
+            Layout::V1(_) => None,
+        }
+    }
+
+    /// The v1 controller directories, or `None` on v2.
+    pub fn v1_paths(&self) -> Option<&V1Paths> {
+        match &self.layout {
+            Layout::V1(p) => Some(p),
+            Layout::V2(_) => None,
+        }
+    }
+
+    /// Stats as the `Any` the Stats RPC returns: `io.containerd.cgroups.v1.Metrics` (CPU in ns)
+    /// or `io.containerd.cgroups.v2.Metrics` (CPU in µs). [`CgroupError::Gone`] once the
+    /// cgroup has been removed.
+    pub fn metrics_any(&self) -> Result<Any, CgroupError> {
+        let (type_url, value) = match &self.layout {
+            Layout::V1(p) => (V1_METRICS_TYPE_URL, v1_metrics(p)?.write_to_bytes()?),
+            Layout::V2(d) => (V2_METRICS_TYPE_URL, v2_metrics(d)?.write_to_bytes()?),
+        };
+        let mut any = Any::new();
+        any.type_url = type_url.to_string();
+        any.value = value;
+        Ok(any)
+    }
+
+    /// How many processes the kernel has OOM-killed in this cgroup so far (v1
+    /// `memory.oom_control`, v2 `memory.events`). Comparing it before and after an exit is the
+    /// race-free way to tell an OOM kill from another SIGKILL.
+    pub fn oom_kills(&self) -> Result<u64, CgroupError> {
+        let (path, dir) = match &self.layout {
+            Layout::V1(p) => {
+                let dir = p
+                    .memory
+                    .as_ref()
+                    .ok_or_else(|| CgroupError::OomUnsupported("no v1 memory cgroup".to_string()))?;
+                (dir.join("memory.oom_control"), dir)
+            }
+            Layout::V2(d) => (d.join("memory.events"), d),
+        };
+        match read_keyed(&path)? {
+            Some(kv) => Ok(get(&kv, "oom_kill")),
+            None if dir.is_dir() => Err(CgroupError::OomUnsupported(format!("{} is absent", path.display()))),
+            None => Err(CgroupError::Gone(dir.clone())),
+        }
+    }
+
+    /// OOM-kill notifications for this cgroup. Must be called inside a tokio runtime.
+    pub fn oom_watcher(&self) -> Result<OomWatcher, CgroupError> {
+        match &self.layout {
+            Layout::V1(p) => match &p.memory {
+                Some(dir) => OomWatcher::v1(dir),
+                None => Err(CgroupError::OomUnsupported("no v1 memory cgroup".to_string())),
+            },
+            Layout::V2(d) => OomWatcher::v2(d),
+        }
+    }
+
+    /// Resolves the cgroup from the texts of `/proc/<pid>/cgroup` and `/proc/self/mountinfo`.
+    fn resolve(pid: i32, v2: bool, cgroup: &str, mountinfo: &str) -> Result<Self, CgroupError> {
+        let mounts = parse_mountinfo(mountinfo);
+        let locate = |reason: String| CgroupError::Locate { pid, reason };
+        if v2 {
+            let path = cgroup
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .ok_or_else(|| locate("no cgroup2 entry".to_string()))?;
+            let dir = mounts
+                .iter()
+                .filter(|m| m.v2)
+                .find_map(|m| m.dir_for(path))
+                .ok_or_else(|| locate(format!("no cgroup2 mount holds {path}")))?;
+            return Ok(Self::v2_at(dir));
+        }
+        let mut paths = V1Paths::default();
+        for line in cgroup.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+                continue;
+            };
+            for controller in controllers.split(',') {
+                let slot = match controller {
+                    "memory" => &mut paths.memory,
+                    "cpu" => &mut paths.cpu,
+                    "cpuacct" => &mut paths.cpuacct,
+                    "pids" => &mut paths.pids,
+                    "blkio" => &mut paths.blkio,
+                    "hugetlb" => &mut paths.hugetlb,
+                    _ => continue,
+                };
+                *slot = mounts
+                    .iter()
+                    .filter(|m| !m.v2 && m.options.iter().any(|o| o == controller))
+                    .find_map(|m| m.dir_for(path));
+            }
+        }
+        if paths.memory.is_none() && paths.cpuacct.is_none() {
+            return Err(locate("no v1 memory or cpuacct cgroup is mounted for it".to_string()));
+        }
+        Ok(Self::v1_at(paths))
+    }
+}
+
+fn host_is_v2() -> Result<bool, CgroupError> {
+    match libcgroups::common::get_cgroup_setup() {
+        Ok(CgroupSetup::Unified) => Ok(true),
+        Ok(CgroupSetup::Legacy | CgroupSetup::Hybrid) => Ok(false),
+        Err(e) => Err(CgroupError::Mode(e.to_string())),
+    }
+}
+
+/// A cgroup filesystem mount from mountinfo.
+#[derive(Debug)]
+struct CgroupMount {
+    /// The cgroup the mount shows at its mount point (not `/` inside a cgroup namespace).
+    root: String,
+    mount_point: PathBuf,
+    v2: bool,
+    /// Super options: the controllers of a v1 hierarchy.
+    options: Vec<String>,
+}
+
+impl CgroupMount {
+    /// Where `cgroup` (a path from /proc/<pid>/cgroup) appears under this mount, if at all.
+    fn dir_for(&self, cgroup: &str) -> Option<PathBuf> {
+        let rel = Path::new(cgroup).strip_prefix(&self.root).ok()?;
+        // A `..` would escape the mount; /proc never prints one, but stay inside regardless.
+        if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+            return None;
+        }
+        Some(self.mount_point.join(rel))
+    }
+}
+
+fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
+    text.lines()
+        .filter_map(|line| {
+            // id parent maj:min root mount-point options [optional...] - fstype source super
+            let (left, right) = line.split_once(" - ")?;
+            let left: Vec<&str> = left.split(' ').collect();
+            let right: Vec<&str> = right.split(' ').collect();
+            let v2 = match *right.first()? {
+                "cgroup2" => true,
+                "cgroup" => false,
+                _ => return None,
+            };
+            Some(CgroupMount {
+                root: unescape_mount(left.get(3)?),
+                mount_point: PathBuf::from(unescape_mount(left.get(4)?)),
+                v2,
+                options: right
+                    .get(2)
+                    .map(|s| s.split(',').map(str::to_string).collect())
+                    .unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, `\134` for a backslash).
+fn unescape_mount(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            let v = b[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+            if let Ok(byte) = u8::try_from(v) {
+                out.push(byte);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn io_err(path: &Path, source: io::Error) -> CgroupError {
+    CgroupError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Reads a cgroup file; `None` when it does not exist, because a controller or a feature of
+/// this kernel is absent, which is normal. ENODEV is what kernfs returns for a file of a
+/// cgroup removed after it was opened.
+fn read_opt(path: &Path) -> Result<Option<String>, CgroupError> {
+    match fs::read_to_string(path) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {
+            Err(CgroupError::Gone(path.parent().unwrap_or(path).to_path_buf()))
+        }
+        Err(e) => Err(io_err(path, e)),
+    }
+}
+
+/// Parses a single-value file; `max` (no limit) becomes `unlimited`.
+fn parse_value(path: &Path, text: &str, unlimited: u64) -> Result<u64, CgroupError> {
+    let t = text.trim();
+    if t == "max" {
+        return Ok(unlimited);
+    }
+    t.parse().map_err(|_| CgroupError::Parse {
+        path: path.to_path_buf(),
+        text: t.to_string(),
+    })
+}
+
+fn read_u64(path: &Path, unlimited: u64) -> Result<Option<u64>, CgroupError> {
+    read_opt(path)?.map(|t| parse_value(path, &t, unlimited)).transpose()
+}
+
+/// `key value` lines (cpu.stat, memory.stat, memory.events ...).
+type Keyed = HashMap<String, u64>;
+
+/// Parses a flat-keyed file. Lines that are not `key <u64>` are skipped, so a kernel adding a
+/// differently shaped line does not break Stats.
+fn parse_keyed(text: &str) -> Keyed {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (k, v) = (f.next()?, f.next()?);
+            if f.next().is_some() {
+                return None;
+            }
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+fn read_keyed(path: &Path) -> Result<Option<Keyed>, CgroupError> {
+    Ok(read_opt(path)?.map(|t| parse_keyed(&t)))
+}
+
+/// A keyed value, 0 when the kernel does not report it (as containerd does).
+fn get(kv: &Keyed, key: &str) -> u64 {
+    kv.get(key).copied().unwrap_or(0)
+}
+
+/// Parses `MAJ:MIN`.
+fn parse_dev(s: &str) -> Option<(u64, u64)> {
+    let (maj, min) = s.split_once(':')?;
+    Some((maj.parse().ok()?, min.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID_MOUNTINFO: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime shared:9 - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+38 31 0:35 / /sys/fs/cgroup/blkio rw,relatime - cgroup cgroup rw,blkio
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+50 23 0:50 / /proc rw - proc proc rw
+";
+
+    #[test]
+    fn resolves_v1_paths_with_comounted_controllers() {
+        let cgroup = "\
+12:pids:/kubepods/pod1/abc
+9:memory:/kubepods/pod1/abc
+4:cpu,cpuacct:/kubepods/pod1/abc
+3:blkio:/kubepods/pod1/abc
+1:name=systemd:/kubepods/pod1/abc
+0::/kubepods/pod1/abc
+";
+        let cg = ContainerCgroup::resolve(7, false, cgroup, HYBRID_MOUNTINFO).unwrap();
+        assert!(!cg.is_v2());
+        let p = cg.v1_paths().unwrap();
+        let at = |c: &str| Some(PathBuf::from(format!("/sys/fs/cgroup/{c}/kubepods/pod1/abc")));
+        assert_eq!(p.memory, at("memory"));
+        assert_eq!(p.cpu, at("cpu,cpuacct"));
+        assert_eq!(p.cpuacct, at("cpu,cpuacct"));
+        assert_eq!(p.pids, at("pids"));
+        assert_eq!(p.blkio, at("blkio"));
+        assert_eq!(p.hugetlb, None);
+    }
+
+    #[test]
+    fn resolves_v2_path_on_the_cgroup2_mount() {
+        let mountinfo = "25 1 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+        let cgroup = "0::/system.slice/crio-abc.scope\n";
+        let cg = ContainerCgroup::resolve(7, true, cgroup, mountinfo).unwrap();
+        assert!(cg.is_v2());
+        assert_eq!(
+            cg.v2_dir(),
+            Some(Path::new("/sys/fs/cgroup/system.slice/crio-abc.scope"))
+        );
+        // Hybrid host asked for v2: the unified mount is the cgroup2 one.
+        let cg = ContainerCgroup::resolve(7, true, cgroup, HYBRID_MOUNTINFO).unwrap();
+        assert_eq!(
+            cg.v2_dir(),
+            Some(Path::new("/sys/fs/cgroup/unified/system.slice/crio-abc.scope"))
+        );
+    }
+
+    #[test]
+    fn mount_root_is_stripped_and_foreign_paths_rejected() {
+        // A mount showing only /kubepods (cgroup namespace or bind mount).
+        let mountinfo = "35 31 0:32 /kubepods /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+        let cg = ContainerCgroup::resolve(7, false, "9:memory:/kubepods/x\n", mountinfo).unwrap();
+        assert_eq!(
+            cg.v1_paths().unwrap().memory,
+            Some(PathBuf::from("/sys/fs/cgroup/memory/x"))
+        );
+        let e = ContainerCgroup::resolve(7, false, "9:memory:/other/x\n", mountinfo).unwrap_err();
+        assert!(matches!(e, CgroupError::Locate { pid: 7, .. }), "{e}");
+        let e = ContainerCgroup::resolve(7, true, "9:memory:/x\n", mountinfo).unwrap_err();
+        assert!(e.to_string().contains("no cgroup2 entry"), "{e}");
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape_mount(r"/a\040b\134c"), r"/a b\c");
+        assert_eq!(unescape_mount(r"/plain\04"), r"/plain\04");
+        let m = parse_mountinfo("1 2 0:3 / /x\\040y rw - cgroup cgroup rw,pids\n");
+        assert_eq!(m[0].mount_point, PathBuf::from("/x y"));
+        assert_eq!(m[0].options, ["rw", "pids"]);
+    }
+
+    #[test]
+    fn value_parsing() {
+        let p = Path::new("f");
+        assert_eq!(parse_value(p, "42\n", 0).unwrap(), 42);
+        assert_eq!(parse_value(p, "max\n", u64::MAX).unwrap(), u64::MAX);
+        assert_eq!(parse_value(p, "max", 0).unwrap(), 0);
+        assert!(matches!(parse_value(p, "x", 0), Err(CgroupError::Parse { .. })));
+        let kv = parse_keyed("a 1\nb 2 3\nc x\n\nd 4\n");
+        assert_eq!(kv.len(), 2);
+        assert_eq!(get(&kv, "a"), 1);
+        assert_eq!(get(&kv, "d"), 4);
+        assert_eq!(get(&kv, "b"), 0);
+        assert_eq!(parse_dev("8:16"), Some((8, 16)));
+        assert_eq!(parse_dev("8"), None);
+    }
+
+    #[test]
+    fn type_urls_match_the_proto_names() {
+        use protobuf::MessageFull;
+        assert_eq!(MetricsV1::descriptor().full_name(), V1_METRICS_TYPE_URL);
+        assert_eq!(MetricsV2::descriptor().full_name(), V2_METRICS_TYPE_URL);
+    }
+
+    #[test]
+    fn missing_cgroup_is_gone() {
+        let d = tempfile::tempdir().unwrap();
+        let cg = ContainerCgroup::v2_at(d.path().join("nope"));
+        assert!(matches!(cg.metrics_any(), Err(CgroupError::Gone(_))));
+        assert!(matches!(cg.oom_kills(), Err(CgroupError::Gone(_))));
+        let cg = ContainerCgroup::v1_at(V1Paths {
+            memory: Some(d.path().join("nope")),
+            ..Default::default()
+        });
+        assert!(matches!(cg.metrics_any(), Err(CgroupError::Gone(_))));
+    }
+}
