@@ -1,14 +1,14 @@
 //! Bad input of every kind gets a clear error with the right ttrpc code, and leaves nothing.
 
 use containerd_shim_protos::api::{
-    ConnectRequest, CreateTaskRequest, DeleteRequest, KillRequest, PauseRequest, ShutdownRequest,
-    StartRequest, StateRequest, WaitRequest,
+    ConnectRequest, CreateTaskRequest, DeleteRequest, KillRequest, PauseRequest, ShutdownRequest, StartRequest,
+    StateRequest, WaitRequest,
 };
 use ttrpc::Code;
 
 use crate::common::{
-    assert_clean, code, crio_bundle, crio_start, ctx, env, message, open_fifo_reader,
-    runtimeoptions_any, task_client, text, CrioBundle,
+    assert_clean, code, crio_bundle, crio_start, ctx, env, message, open_fifo_reader, runtimeoptions_any, task_client,
+    text, CrioBundle,
 };
 
 fn req(b: &CrioBundle) -> CreateTaskRequest {
@@ -33,11 +33,7 @@ async fn bad_requests_fail_cleanly_with_the_right_code() {
 
     // Malformed config.json.
     let b = crio_bundle(&ns, "malformed", "good", &["true"], |_| {});
-    std::fs::write(
-        b.dir.join("config.json"),
-        b"{\"ociVersion\": \"1.0.2\", \"process\": [",
-    )
-    .unwrap();
+    std::fs::write(b.dir.join("config.json"), b"{\"ociVersion\": \"1.0.2\", \"process\": [").unwrap();
     let e = client.create(ctx(), &req(&b)).await.unwrap_err();
     assert_eq!(code(&e), Code::INVALID_ARGUMENT, "{}", message(&e));
     assert!(message(&e).contains("config.json"), "{}", message(&e));
@@ -48,11 +44,7 @@ async fn bad_requests_fail_cleanly_with_the_right_code() {
     });
     let e = client.create(ctx(), &req(&b)).await.unwrap_err();
     assert_eq!(code(&e), Code::INVALID_ARGUMENT, "{}", message(&e));
-    assert!(
-        message(&e).contains("/nonexistent/rootfs"),
-        "{}",
-        message(&e)
-    );
+    assert!(message(&e).contains("/nonexistent/rootfs"), "{}", message(&e));
 
     // An OCI runtime that does not exist, chosen through the engine's config path.
     let bad_cfg = ns.dir.join("bad-runtime.toml");
@@ -82,12 +74,7 @@ async fn bad_requests_fail_cleanly_with_the_right_code() {
         let mut r = req(&good);
         r.id = id.into();
         let e = client.create(ctx(), &r).await.unwrap_err();
-        assert_eq!(
-            code(&e),
-            Code::INVALID_ARGUMENT,
-            "id {id:?}: {}",
-            message(&e)
-        );
+        assert_eq!(code(&e), Code::INVALID_ARGUMENT, "id {id:?}: {}", message(&e));
     }
 
     // Duplicate create.

@@ -73,17 +73,9 @@ fn run_prints_output_and_exact_exit_codes() {
     let ns = env.namespace("ctr-run");
     let o = env.ctr_run(&ns, "hello", &[], &["echo", "hello from gantry"]);
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(
-        String::from_utf8_lossy(&o.stdout).trim(),
-        "hello from gantry"
-    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "hello from gantry");
 
-    let o = env.ctr_run(
-        &ns,
-        "three",
-        &[],
-        &["sh", "-c", "echo out; echo err >&2; exit 3"],
-    );
+    let o = env.ctr_run(&ns, "three", &[], &["sh", "-c", "echo out; echo err >&2; exit 3"]);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "out");
     assert_eq!(String::from_utf8_lossy(&o.stderr).trim(), "err");
@@ -124,11 +116,7 @@ fn kill_delete_and_events_in_order() {
     let o = env.ctr_run_detached(&ns, "ev", &[], &["sleep", "1000"]);
     assert!(o.status.success(), "{}", text(&o));
     let o = env.ctr(&ns.name, &["task", "ls"]);
-    assert!(
-        String::from_utf8_lossy(&o.stdout).contains("RUNNING"),
-        "{}",
-        text(&o)
-    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("RUNNING"), "{}", text(&o));
 
     let o = env.ctr(&ns.name, &["task", "kill", "-s", "SIGKILL", "ev"]);
     assert!(o.status.success(), "{}", text(&o));
@@ -144,19 +132,12 @@ fn kill_delete_and_events_in_order() {
     let o = env.ctr(&ns.name, &["container", "delete", "ev"]);
     assert!(o.status.success(), "{}", text(&o));
 
-    let ok = wait_until(Duration::from_secs(5), || {
-        events.task_topics("ev").len() >= 4
-    });
+    let ok = wait_until(Duration::from_secs(5), || events.task_topics("ev").len() >= 4);
     let topics = events.task_topics("ev");
     assert!(ok, "events: {topics:?}");
     assert_eq!(
         topics,
-        [
-            "/tasks/create",
-            "/tasks/start",
-            "/tasks/exit",
-            "/tasks/delete"
-        ]
+        ["/tasks/create", "/tasks/start", "/tasks/exit", "/tasks/delete"]
     );
     let exit = events.lines_for("ev", "/tasks/exit");
     assert!(exit[0].contains("\"exit_status\":137"), "{exit:?}");
@@ -194,11 +175,7 @@ fn killed_daemon_is_cleaned_up_through_delete() {
         .parse()
         .unwrap();
     assert!(shim_pid > 0 && init_pid > 0);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(shim_pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(shim_pid), nix::sys::signal::Signal::SIGKILL).unwrap();
 
     // containerd notices the dead shim and runs `containerd-shim-gantry-v2 delete`.
     let stopped = wait_until(Duration::from_secs(20), || {

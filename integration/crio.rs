@@ -4,13 +4,13 @@
 use std::time::Duration;
 
 use containerd_shim_protos::api::{
-    ConnectRequest, CreateTaskRequest, DeleteRequest, KillRequest, ShutdownRequest, StartRequest,
-    StateRequest, Status, WaitRequest,
+    ConnectRequest, CreateTaskRequest, DeleteRequest, KillRequest, ShutdownRequest, StartRequest, StateRequest, Status,
+    WaitRequest,
 };
 
 use crate::common::{
-    assert_clean, code, crio_bundle, crio_start, ctx, env, message, open_fifo_reader, read_fifo,
-    task_client, text, wait_until,
+    assert_clean, code, crio_bundle, crio_start, ctx, env, message, open_fifo_reader, read_fifo, task_client, text,
+    wait_until,
 };
 
 fn create_req(b: &crate::common::CrioBundle) -> CreateTaskRequest {
@@ -27,23 +27,14 @@ async fn crio_lifecycle_grouping_and_shutdown() {
     let env = env();
     let ns = env.namespace("crio-pod");
     let infra = crio_bundle(&ns, "pod1", "pod1", &["sleep", "1000"], |_| {});
-    let app = crio_bundle(
-        &ns,
-        "app1",
-        "pod1",
-        &["sh", "-c", "echo hi from app; exit 7"],
-        |_| {},
-    );
+    let app = crio_bundle(&ns, "app1", "pod1", &["sh", "-c", "echo hi from app; exit 7"], |_| {});
 
     let o = crio_start(&ns, &infra.dir, "pod1", b"");
     assert!(o.status.success(), "{}", text(&o));
     assert!(o.stderr.is_empty(), "start wrote to stderr: {}", text(&o));
     let address = String::from_utf8(o.stdout.clone()).unwrap();
     assert!(address.starts_with("unix:///"), "{address:?}");
-    assert_eq!(
-        std::fs::read_to_string(infra.dir.join("address")).unwrap(),
-        address
-    );
+    assert_eq!(std::fs::read_to_string(infra.dir.join("address")).unwrap(), address);
     let daemon: i32 = std::fs::read_to_string(infra.dir.join("shim.pid"))
         .unwrap()
         .parse()
@@ -81,10 +72,7 @@ async fn crio_lifecycle_grouping_and_shutdown() {
         .unwrap();
     assert_eq!(app_daemon, daemon);
     assert_eq!(
-        env.shim_processes("default")
-            .iter()
-            .filter(|p| **p == daemon)
-            .count(),
+        env.shim_processes("default").iter().filter(|p| **p == daemon).count(),
         1
     );
 
@@ -113,10 +101,7 @@ async fn crio_lifecycle_grouping_and_shutdown() {
         .await
         .unwrap();
     assert_eq!(w.exit_status, 7);
-    assert_eq!(
-        read_fifo(&mut app_out, Duration::from_secs(5)).trim(),
-        "hi from app"
-    );
+    assert_eq!(read_fifo(&mut app_out, Duration::from_secs(5)).trim(), "hi from app");
 
     let st = client2
         .state(
@@ -245,10 +230,7 @@ async fn crio_lifecycle_grouping_and_shutdown() {
     let gone = wait_until(Duration::from_secs(10), || {
         !std::path::Path::new(&format!("/proc/{daemon}")).exists()
     });
-    assert!(
-        gone,
-        "daemon {daemon} still running after the last Shutdown"
-    );
+    assert!(gone, "daemon {daemon} still running after the last Shutdown");
     assert_clean(env, &ns);
 }
 
@@ -258,9 +240,7 @@ async fn start_accepts_every_stdin_form() {
     let env = env();
     let ns = env.namespace("crio-stdin");
     let b = crio_bundle(&ns, "s1", "s1", &["true"], |_| {});
-    let legacy = crate::common::runtimeoptions_any(&ns.config)
-        .write_to_bytes()
-        .unwrap();
+    let legacy = crate::common::runtimeoptions_any(&ns.config).write_to_bytes().unwrap();
     let bootstrap = {
         let mut p = containerd_shim_protos::bootstrap_api::BootstrapParams::new();
         p.instance_id = "someone-else".into();

@@ -5,3 +5,4 @@ mod bad_input;
 mod common;
 mod containerd;
 mod crio;
+mod task_api;

@@ -166,13 +166,7 @@ mod tests {
             Action::CheckConfig(Some("/x.toml".into()))
         );
         assert_eq!(parse(&["-id"]), Err(ArgsError::MissingValue("id".into())));
-        assert_eq!(
-            parse(&["-bogus", "x"]),
-            Err(ArgsError::UnknownFlag("bogus".into()))
-        );
-        assert_eq!(
-            parse(&["frob"]),
-            Err(ArgsError::UnknownAction("frob".into()))
-        );
+        assert_eq!(parse(&["-bogus", "x"]), Err(ArgsError::UnknownFlag("bogus".into())));
+        assert_eq!(parse(&["frob"]), Err(ArgsError::UnknownAction("frob".into())));
     }
 }

@@ -49,10 +49,7 @@ pub enum BootstrapError {
     Runtime(#[from] crate::runtime::RuntimeError),
 }
 
-fn io_err<'a>(
-    what: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(std::io::Error) -> BootstrapError + 'a {
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> BootstrapError + 'a {
     move |source| BootstrapError::Io {
         what,
         path: path.to_path_buf(),
@@ -70,8 +67,7 @@ pub fn read_stdin() -> Vec<u8> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-        let timeout =
-            PollTimeout::try_from(left.as_millis().min(500) as i32).unwrap_or(PollTimeout::ZERO);
+        let timeout = PollTimeout::try_from(left.as_millis().min(500) as i32).unwrap_or(PollTimeout::ZERO);
         match poll(&mut fds, timeout) {
             Ok(n) if n > 0 => {}
             _ => return data,
@@ -97,11 +93,7 @@ impl AsFdBorrowed for std::io::Stdin {
 }
 
 /// Socket of the daemon serving `group` in `namespace`: a hash keeps it short and fixed-size.
-pub fn socket_path(
-    socket_dir: &Path,
-    namespace: &str,
-    group: &str,
-) -> Result<PathBuf, BootstrapError> {
+pub fn socket_path(socket_dir: &Path, namespace: &str, group: &str) -> Result<PathBuf, BootstrapError> {
     let digest = Sha256::digest(format!("{namespace}/{group}").as_bytes());
     let name: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
     let path = socket_dir.join(name);
@@ -150,12 +142,7 @@ pub fn start(flags: &Flags, stdin: &[u8]) -> Result<String, BootstrapError> {
 
 fn bind_unlistened(path: &Path) -> std::io::Result<OwnedFd> {
     use nix::sys::socket::{bind, socket, AddressFamily, SockFlag, SockType, UnixAddr};
-    let fd = socket(
-        AddressFamily::Unix,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
+    let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
     bind(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
     Ok(fd)
 }
@@ -167,12 +154,7 @@ fn peer_pid(conn: &UnixStream) -> Option<i32> {
 }
 
 /// Binds the socket, spawns the daemon on it and waits until it serves. Returns its pid.
-fn spawn_daemon(
-    flags: &Flags,
-    bundle: &Path,
-    sock: &Path,
-    engine: &EngineOptions,
-) -> Result<i32, BootstrapError> {
+fn spawn_daemon(flags: &Flags, bundle: &Path, sock: &Path, engine: &EngineOptions) -> Result<i32, BootstrapError> {
     let _ = std::fs::remove_file(sock);
     // Bound here, listened on by the daemon: SO_PEERCRED then names the daemon, which is how
     // a later `start` of the same pod learns its pid.
@@ -185,7 +167,7 @@ fn spawn_daemon(
         .map_err(io_err("chmod", sock))
         .map_err(cleanup)?;
     let (ready_r, ready_w) =
-        nix::unistd::pipe().map_err(|e| cleanup(io_err("pipe", sock)(e.into())))?;
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cleanup(io_err("pipe", sock)(e.into())))?;
     let exe = std::env::current_exe().map_err(|e| cleanup(io_err("locate self", sock)(e)))?;
     let mut cmd = Command::new(exe);
     cmd.args([
@@ -210,31 +192,21 @@ fn spawn_daemon(
         .stderr(Stdio::null());
     let listen_fd = listener.as_raw_fd();
     let ready_fd = ready_w.as_raw_fd();
-    // SAFETY: only async-signal-safe calls (setsid, dup2) between fork and exec.
+    // SAFETY: only async-signal-safe calls (setsid, fcntl, dup2) between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid()?;
-            for (from, to) in [(listen_fd, LISTENER_FD), (ready_fd, READY_FD)] {
-                if libc::dup2(from, to) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
+            crate::sys::install_fds(&[listen_fd, ready_fd], LISTENER_FD)
         });
     }
-    let child = cmd
-        .spawn()
-        .map_err(|e| cleanup(io_err("spawn daemon for", sock)(e)))?;
+    let child = cmd.spawn().map_err(|e| cleanup(io_err("spawn daemon for", sock)(e)))?;
     drop(ready_w);
     drop(listener);
     let pid = child.id() as i32;
     match wait_ready(ready_r, Duration::from_secs(10)) {
         Ok(()) => Ok(pid),
         Err(e) => {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
             Err(cleanup(e))
         }
     }
@@ -242,10 +214,7 @@ fn spawn_daemon(
 
 fn wait_ready(ready: OwnedFd, timeout: Duration) -> Result<(), BootstrapError> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let mut fds = [PollFd::new(
-        std::os::fd::AsFd::as_fd(&ready),
-        PollFlags::POLLIN,
-    )];
+    let mut fds = [PollFd::new(std::os::fd::AsFd::as_fd(&ready), PollFlags::POLLIN)];
     let t = PollTimeout::try_from(timeout.as_millis() as i32).unwrap_or(PollTimeout::MAX);
     match poll(&mut fds, t) {
         Ok(0) => return Err(BootstrapError::NotReady("timed out".into())),
@@ -255,9 +224,7 @@ fn wait_ready(ready: OwnedFd, timeout: Duration) -> Result<(), BootstrapError> {
     let mut b = [0u8; 1];
     match File::from(ready).read(&mut b) {
         Ok(1) => Ok(()),
-        _ => Err(BootstrapError::NotReady(
-            "daemon exited before serving".into(),
-        )),
+        _ => Err(BootstrapError::NotReady("daemon exited before serving".into())),
     }
 }
 
@@ -323,9 +290,7 @@ pub fn version_text() -> String {
 pub async fn features() -> Result<Vec<u8>, BootstrapError> {
     let (c, _) = Config::resolve(None)?;
     let reaper = Reaper::default();
-    reaper
-        .start()
-        .map_err(io_err("signal handler", Path::new("/")))?;
+    reaper.start().map_err(io_err("signal handler", Path::new("/")))?;
     let rt = OciRuntime::new(
         &c.runtime.binary,
         c.runtime.root,
@@ -350,8 +315,7 @@ pub async fn info() -> Vec<u8> {
         }),
         features: features
             .map(|f| Any {
-                type_url: "github.com/opencontainers/runtime-spec/specs-go/features/Features"
-                    .into(),
+                type_url: "github.com/opencontainers/runtime-spec/specs-go/features/Features".into(),
                 value: f,
                 ..Default::default()
             })

@@ -63,10 +63,7 @@ impl Default for RuntimeConfig {
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("config {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("config {path}, line {line}, key `{key}`: {message}")]
     Invalid {
         path: PathBuf,
@@ -108,36 +105,15 @@ impl Config {
         };
         if self.runtime.binary.trim().is_empty() {
             let msg = "must name an OCI runtime".to_string();
-            return Err(Config::invalid(
-                path,
-                find("binary"),
-                "runtime.binary".into(),
-                msg,
-            ));
+            return Err(Config::invalid(path, find("binary"), "runtime.binary".into(), msg));
         }
-        if !matches!(
-            self.shim.log_level.as_str(),
-            "debug" | "info" | "warn" | "error"
-        ) {
-            let msg = format!(
-                "unknown level {:?} (debug, info, warn, error)",
-                self.shim.log_level
-            );
-            return Err(Config::invalid(
-                path,
-                find("log_level"),
-                "shim.log_level".into(),
-                msg,
-            ));
+        if !matches!(self.shim.log_level.as_str(), "debug" | "info" | "warn" | "error") {
+            let msg = format!("unknown level {:?} (debug, info, warn, error)", self.shim.log_level);
+            return Err(Config::invalid(path, find("log_level"), "shim.log_level".into(), msg));
         }
         if !self.shim.socket_dir.is_absolute() {
             let msg = "must be an absolute path".to_string();
-            return Err(Config::invalid(
-                path,
-                find("socket_dir"),
-                "shim.socket_dir".into(),
-                msg,
-            ));
+            return Err(Config::invalid(path, find("socket_dir"), "shim.socket_dir".into(), msg));
         }
         Ok(self)
     }
@@ -212,9 +188,7 @@ mod tests {
     #[test]
     fn errors_name_file_line_and_key() {
         let text = "[shim]\nsocket_dir = \"/run/x\"\n\n[runtime]\nsystemd_cgroup = \"yes\"\n";
-        let e = Config::parse(Path::new("/etc/g.toml"), text)
-            .unwrap_err()
-            .to_string();
+        let e = Config::parse(Path::new("/etc/g.toml"), text).unwrap_err().to_string();
         assert!(e.contains("/etc/g.toml"), "{e}");
         assert!(e.contains("line 5"), "{e}");
         assert!(e.contains("runtime.systemd_cgroup"), "{e}");
@@ -229,9 +203,6 @@ mod tests {
 
     #[test]
     fn engine_path_wins() {
-        assert_eq!(
-            Config::locate(Some("/a.toml")),
-            Some(PathBuf::from("/a.toml"))
-        );
+        assert_eq!(Config::locate(Some("/a.toml")), Some(PathBuf::from("/a.toml")));
     }
 }

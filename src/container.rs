@@ -81,6 +81,7 @@ pub struct CreateParams {
 
 pub struct Container {
     pub id: String,
+    pub namespace: String,
     pub bundle: PathBuf,
     pub runtime: OciRuntime,
     pub init: Arc<Process>,
@@ -134,11 +135,7 @@ fn invalid(e: impl std::fmt::Display) -> TaskError {
 
 impl Container {
     /// Prepares the bundle and runs the OCI runtime's `create`.
-    pub async fn create(
-        p: CreateParams,
-        reaper: Reaper,
-        log: &Logger,
-    ) -> Result<Arc<Container>, TaskError> {
+    pub async fn create(p: CreateParams, reaper: Reaper, log: &Logger) -> Result<Arc<Container>, TaskError> {
         spec::validate_id(&p.id).map_err(invalid)?;
         let log = log.new(o!("id" => p.id.clone()));
         if !p.bundle.is_absolute() || !p.bundle.is_dir() {
@@ -148,13 +145,8 @@ impl Container {
             )));
         }
         let (mut oci, raw) = spec::load(&p.bundle).map_err(invalid)?;
-        let engine = p
-            .options
-            .as_ref()
-            .map(options::from_any)
-            .unwrap_or_default();
-        let (config, config_file) =
-            Config::resolve(engine.config_path.as_deref()).map_err(invalid)?;
+        let engine = p.options.as_ref().map(options::from_any).unwrap_or_default();
+        let (config, config_file) = Config::resolve(engine.config_path.as_deref()).map_err(invalid)?;
         let runtime = runtime_for(&engine, &config, &p.namespace, &p.bundle, reaper.clone());
         let annotations = spec::annotations(&oci);
         let crio = spec::is_crio(&annotations);
@@ -192,12 +184,16 @@ impl Container {
             systemd_cgroup: runtime.systemd_cgroup,
             rootfs_mounted: undo.mounted.is_some(),
         };
-        let record_json =
-            serde_json::to_vec(&record).map_err(|e| TaskError::Internal(e.to_string()))?;
+        let record_json = serde_json::to_vec(&record).map_err(|e| TaskError::Internal(e.to_string()))?;
         std::fs::write(p.bundle.join(RUNTIME_FILE), record_json)
             .map_err(|e| TaskError::Internal(format!("write {RUNTIME_FILE}: {e}")))?;
 
-        let prepared = io::prepare(&p.stdio, &p.console_dir)?;
+        let owner = io::Owner {
+            id: &p.id,
+            namespace: &p.namespace,
+            reaper: &reaper,
+        };
+        let prepared = io::prepare(&p.stdio, &p.console_dir, &owner).await?;
         let process = Arc::new(Process::new("", p.stdio.clone(), prepared.io.clone()));
         let pid_file = p.bundle.join(INIT_PID_FILE);
         let started = Instant::now();
@@ -217,14 +213,14 @@ impl Container {
             warn!(log, "create failed"; "error" => %e);
             // The runtime may have left state behind (e.g. a failed start of runc init).
             let _ = runtime.delete(&p.id, true).await;
-            prepared.io.close();
+            prepared.io.shutdown().await;
             return Err(e);
         }
         let pid = match read_pid(&pid_file) {
             Ok(pid) => pid,
             Err(e) => {
                 let _ = runtime.delete(&p.id, true).await;
-                prepared.io.close();
+                prepared.io.shutdown().await;
                 return Err(e);
             }
         };
@@ -236,6 +232,7 @@ impl Container {
         Ok(Arc::new(Container {
             init_exit: Mutex::new(Some(init_exit)),
             id: p.id,
+            namespace: p.namespace,
             rootfs_mounted: undo.mounted.take(),
             bundle: p.bundle.clone(),
             runtime,
@@ -251,10 +248,7 @@ impl Container {
 
     /// Takes init's exit subscription (once).
     pub fn take_init_exit(&self) -> Option<tokio::sync::oneshot::Receiver<crate::reaper::Exit>> {
-        self.init_exit
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        self.init_exit.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     fn execs(&self) -> MutexGuard<'_, HashMap<String, Arc<Process>>> {
@@ -296,8 +290,8 @@ impl Container {
                 self.id
             )));
         }
-        let process: oci_spec::runtime::Process = serde_json::from_slice(&spec.value)
-            .map_err(|e| invalid(format!("exec {exec_id:?} process spec: {e}")))?;
+        let process: oci_spec::runtime::Process =
+            serde_json::from_slice(&spec.value).map_err(|e| invalid(format!("exec {exec_id:?} process spec: {e}")))?;
         let _ = process;
         let mut execs = self.execs();
         if execs.contains_key(exec_id) {
@@ -327,13 +321,7 @@ impl Container {
     pub async fn start_exec(
         &self,
         exec_id: &str,
-    ) -> Result<
-        (
-            Arc<Process>,
-            tokio::sync::oneshot::Receiver<crate::reaper::Exit>,
-        ),
-        TaskError,
-    > {
+    ) -> Result<(Arc<Process>, tokio::sync::oneshot::Receiver<crate::reaper::Exit>), TaskError> {
         let p = self.process(exec_id)?;
         let to = p.check(exec_id, Op::Start)?;
         if self.init_reaped.load(Ordering::SeqCst) {
@@ -342,7 +330,12 @@ impl Container {
                 self.id
             )));
         }
-        let prepared = io::prepare(&p.stdio, &self.console_dir)?;
+        let owner = io::Owner {
+            id: &self.id,
+            namespace: &self.namespace,
+            reaper: &self.reaper,
+        };
+        let prepared = io::prepare(&p.stdio, &self.console_dir, &owner).await?;
         let pid_file = self.exec_pid_path(exec_id);
         let spec_file = self.exec_spec_path(exec_id);
         let started = Instant::now();
@@ -365,7 +358,7 @@ impl Container {
             Ok(pid) => pid,
             Err(e) => {
                 // Handles opened for a failed exec close here, so the client's FIFOs see EOF.
-                prepared.io.close();
+                prepared.io.shutdown().await;
                 drop(prepared.io);
                 p.set_exited(ExitInfo {
                     pid: 0,
@@ -393,17 +386,10 @@ impl Container {
             .collect();
         if !running.is_empty() {
             let all = futures_wait_all(&running);
-            if tokio::time::timeout(Duration::from_secs(2), all)
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout(Duration::from_secs(2), all).await.is_err() {
                 // Execs outlive init only when the container shares a pid namespace.
-                let _ = self
-                    .runtime
-                    .kill(&self.id, libc::SIGKILL as u32, true)
-                    .await;
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(5), futures_wait_all(&running)).await;
+                let _ = self.runtime.kill(&self.id, libc::SIGKILL as u32, true).await;
+                let _ = tokio::time::timeout(Duration::from_secs(5), futures_wait_all(&running)).await;
             }
         }
         self.init.io().drain(Duration::from_secs(2)).await;
@@ -431,9 +417,8 @@ impl Container {
         }
         if exec_id.is_empty() {
             if signal == 0 {
-                return signal_pid(p.pid(), 0).map_err(|_| {
-                    TaskError::NotFound(format!("process {:?} already finished", self.id))
-                });
+                return signal_pid(p.pid(), 0)
+                    .map_err(|_| TaskError::NotFound(format!("process {:?} already finished", self.id)));
             }
             return match self.runtime.kill(&self.id, signal, all).await {
                 Ok(()) => Ok(()),
@@ -443,21 +428,18 @@ impl Container {
             };
         }
         if p.status() == Status::Created {
-            return Err(TaskError::Precondition(format!(
-                "exec {exec_id:?} has not started"
-            )));
+            return Err(TaskError::Precondition(format!("exec {exec_id:?} has not started")));
         }
-        signal_pid(p.pid(), signal)
-            .map_err(|e| TaskError::NotFound(format!("exec {exec_id:?}: {e}")))
+        signal_pid(p.pid(), signal).map_err(|e| TaskError::NotFound(format!("exec {exec_id:?}: {e}")))
     }
 
     /// Deletes an exec; returns its exit.
-    pub fn delete_exec(&self, exec_id: &str) -> Result<ExitInfo, TaskError> {
+    pub async fn delete_exec(&self, exec_id: &str) -> Result<ExitInfo, TaskError> {
         let p = self.process(exec_id)?;
         p.check(exec_id, Op::Delete)?;
         self.execs().remove(exec_id);
         let _ = std::fs::remove_file(self.exec_spec_path(exec_id));
-        p.io().close();
+        p.io().shutdown().await;
         Ok(p.exit().unwrap_or(ExitInfo {
             pid: p.pid(),
             status: 0,
@@ -482,10 +464,11 @@ impl Container {
                 at: SystemTime::now(),
             },
         };
-        for p in self.execs().drain().map(|(_, p)| p) {
-            p.io().close();
+        let execs: Vec<_> = self.execs().drain().map(|(_, p)| p).collect();
+        for p in execs {
+            p.io().shutdown().await;
         }
-        self.init.io().close();
+        self.init.io().shutdown().await;
         if let Some(t) = &self.rootfs_mounted {
             mount::unmount_all(t)?;
         }
@@ -494,6 +477,45 @@ impl Container {
         }
         info!(self.log, "deleted"; "status" => exit.status);
         Ok(exit)
+    }
+
+    /// Applies new resource limits (an OCI `LinuxResources` JSON) to the running container.
+    pub async fn update(&self, resources: &Any) -> Result<(), TaskError> {
+        let parsed: oci_spec::runtime::LinuxResources = serde_json::from_slice(&resources.value).map_err(|e| {
+            invalid(format!(
+                "update {:?}: resources are not OCI LinuxResources JSON: {e}",
+                self.id
+            ))
+        })?;
+        if matches!(self.init.status(), Status::Stopped) {
+            return Err(TaskError::Precondition(format!(
+                "container {:?} has stopped: cannot update",
+                self.id
+            )));
+        }
+        let path = self.bundle.join("gantry-update.json");
+        let json = serde_json::to_vec(&parsed).map_err(|e| TaskError::Internal(e.to_string()))?;
+        std::fs::write(&path, json).map_err(|e| TaskError::Internal(format!("write {}: {e}", path.display())))?;
+        let result = self.runtime.update(&self.id, &path).await;
+        let _ = std::fs::remove_file(&path);
+        result?;
+        info!(self.log, "updated resources");
+        Ok(())
+    }
+
+    /// Checkpoints the container with the runtime's `checkpoint` (CRIU) into `image`.
+    pub async fn checkpoint(&self, image: &Path, work: &Path, exit: bool) -> Result<(), TaskError> {
+        if self.init.status() != Status::Running {
+            return Err(TaskError::Precondition(format!(
+                "container {:?} is not running",
+                self.id
+            )));
+        }
+        crate::runtime::criu_available()
+            .await
+            .map_err(TaskError::Unimplemented)?;
+        self.runtime.checkpoint(&self.id, image, work, exit).await?;
+        Ok(())
     }
 
     pub async fn pause(&self) -> Result<(), TaskError> {

@@ -89,10 +89,8 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger) -> Result<(), DaemonEr
     nix::sys::socket::listen(&listener, nix::sys::socket::Backlog::MAXCONN)
         .map_err(|e| DaemonError::Listener(ttrpc::Error::Others(e.to_string())))?;
     // SAFETY: ownership of the listening socket passes to the server.
-    let server = unsafe {
-        ttrpc::r#async::Server::new()
-            .add_unix_listener(std::os::fd::IntoRawFd::into_raw_fd(listener))
-    };
+    let server =
+        unsafe { ttrpc::r#async::Server::new().add_unix_listener(std::os::fd::IntoRawFd::into_raw_fd(listener)) };
     let mut server = server
         .map_err(DaemonError::Listener)?
         .register_service(services(Service(task.clone())));

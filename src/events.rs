@@ -5,8 +5,8 @@
 use std::time::{Duration, SystemTime};
 
 use containerd_shim_protos::events::task::{
-    TaskCheckpointed, TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO,
-    TaskOOM, TaskPaused, TaskResumed, TaskStart,
+    TaskCheckpointed, TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM, TaskPaused,
+    TaskResumed, TaskStart,
 };
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
@@ -101,8 +101,7 @@ pub fn timestamp(t: SystemTime) -> Timestamp {
 }
 
 pub fn ts_field(t: Option<SystemTime>) -> MessageField<Timestamp> {
-    t.map(|t| MessageField::some(timestamp(t)))
-        .unwrap_or_default()
+    t.map(|t| MessageField::some(timestamp(t))).unwrap_or_default()
 }
 
 pub fn task_io(stdin: &str, stdout: &str, stderr: &str, terminal: bool) -> MessageField<TaskIO> {
@@ -206,8 +205,7 @@ mod tests {
         let any = e.to_any();
         assert_eq!(any.type_url, "containerd.events.TaskExit");
         assert_eq!(e.topic(), "/tasks/exit");
-        let back: TaskExit =
-            containerd_shim_protos::protobuf::Message::parse_from_bytes(&any.value).unwrap();
+        let back: TaskExit = containerd_shim_protos::protobuf::Message::parse_from_bytes(&any.value).unwrap();
         assert_eq!(back.exit_status, 3);
     }
 }

@@ -19,3 +19,4 @@ pub mod reaper;
 pub mod runtime;
 pub mod service;
 pub mod spec;
+pub mod sys;

@@ -38,11 +38,7 @@ pub fn level(name: &str, debug: bool) -> Level {
 }
 
 /// A JSON logger over `out`, filtered at `level`, tagged with the daemon's identity.
-pub fn logger<W: Write + Send + 'static>(
-    out: W,
-    level: Level,
-    namespace: &str,
-) -> (Logger, slog_async::AsyncGuard) {
+pub fn logger<W: Write + Send + 'static>(out: W, level: Level, namespace: &str) -> (Logger, slog_async::AsyncGuard) {
     let json = slog_json::Json::new(out)
         .add_key_value(o!(
             "time" => slog::PushFnValue(|_, ser| ser.emit(chrono_like_now())),

@@ -17,10 +17,7 @@ pub enum MountError {
     #[error("unmount {target}: {message}")]
     Unmount { target: String, message: String },
     #[error("create {target}: {source}")]
-    Mkdir {
-        target: String,
-        source: std::io::Error,
-    },
+    Mkdir { target: String, source: std::io::Error },
 }
 
 /// Mounts each of containerd's rootfs mounts on `target` in order.
@@ -53,11 +50,9 @@ pub fn unmount_all(target: &Path) -> Result<(), MountError> {
     if !target.exists() {
         return Ok(());
     }
-    containerd_shim::mount::umount_recursive(Some(t), libc::MNT_DETACH).map_err(|e| {
-        MountError::Unmount {
-            target: t.to_string(),
-            message: e.to_string(),
-        }
+    containerd_shim::mount::umount_recursive(Some(t), libc::MNT_DETACH).map_err(|e| MountError::Unmount {
+        target: t.to_string(),
+        message: e.to_string(),
     })
 }
 

@@ -32,9 +32,7 @@ fn runtimeoptions_config_path(value: &[u8]) -> Option<String> {
                 is.read_string().ok()?;
             }
             _ => is
-                .skip_field(containerd_shim_protos::protobuf::rt::WireType::new(
-                    tag & 7,
-                )?)
+                .skip_field(containerd_shim_protos::protobuf::rt::WireType::new(tag & 7)?)
                 .ok()?,
         }
     }
@@ -80,9 +78,7 @@ pub fn from_stdin(data: &[u8], id: &str, namespace: &str) -> EngineOptions {
                 .unwrap_or_default();
         }
     }
-    Any::parse_from_bytes(data)
-        .map(|a| from_any(&a))
-        .unwrap_or_default()
+    Any::parse_from_bytes(data).map(|a| from_any(&a)).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -123,11 +119,7 @@ mod tests {
         assert_eq!(o.binary_name.as_deref(), Some("crun"));
         assert_eq!(o.root.as_deref(), Some("/run/x"));
         // runtimeoptions Any
-        let o = from_stdin(
-            &runtimeoptions_any("/etc/g.toml").write_to_bytes().unwrap(),
-            "c",
-            "ns",
-        );
+        let o = from_stdin(&runtimeoptions_any("/etc/g.toml").write_to_bytes().unwrap(), "c", "ns");
         assert_eq!(o.config_path.as_deref(), Some("/etc/g.toml"));
         // BootstrapParams that match the flags
         let mut ext = Extension::new();
@@ -139,19 +131,10 @@ mod tests {
             ..Default::default()
         };
         let bytes = p.write_to_bytes().unwrap();
-        assert_eq!(
-            from_stdin(&bytes, "c", "k8s.io").binary_name.as_deref(),
-            Some("crun")
-        );
+        assert_eq!(from_stdin(&bytes, "c", "k8s.io").binary_name.as_deref(), Some("crun"));
         // ... and ones that do not: ignored, never an error
-        assert_eq!(
-            from_stdin(&bytes, "other", "k8s.io"),
-            EngineOptions::default()
-        );
+        assert_eq!(from_stdin(&bytes, "other", "k8s.io"), EngineOptions::default());
         // garbage
-        assert_eq!(
-            from_stdin(&[0xff, 0xff, 0x01], "c", "ns"),
-            EngineOptions::default()
-        );
+        assert_eq!(from_stdin(&[0xff, 0xff, 0x01], "c", "ns"), EngineOptions::default());
     }
 }

@@ -197,9 +197,7 @@ mod tests {
             let got = transition("c", from, op).map_err(|_| ());
             assert_eq!(got, want, "{from:?} --{op:?}-->");
         }
-        let e = transition("c1", Running, Op::Delete)
-            .unwrap_err()
-            .to_string();
+        let e = transition("c1", Running, Op::Delete).unwrap_err().to_string();
         assert!(e.contains("c1") && e.contains("Running"), "{e}");
     }
 

@@ -166,10 +166,7 @@ mod tests {
     #[tokio::test]
     async fn reaps_real_children() {
         let r = Reaper::default();
-        let child = std::process::Command::new("sh")
-            .args(["-c", "exit 5"])
-            .spawn()
-            .unwrap();
+        let child = std::process::Command::new("sh").args(["-c", "exit 5"]).spawn().unwrap();
         let rx = r.subscribe(child.id() as i32);
         // Poll instead of SIGCHLD so the test does not depend on signal delivery order.
         let got = loop {

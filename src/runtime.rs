@@ -18,10 +18,7 @@ use crate::reaper::Reaper;
 #[derive(Debug, Error)]
 pub enum RuntimeError {
     #[error("cannot run OCI runtime {binary:?}: {source}")]
-    Spawn {
-        binary: String,
-        source: std::io::Error,
-    },
+    Spawn { binary: String, source: std::io::Error },
     #[error("{binary} {command} failed: {message}")]
     Failed {
         binary: String,
@@ -42,13 +39,7 @@ pub enum RuntimeError {
 
 impl RuntimeError {
     pub fn is_not_found(&self) -> bool {
-        matches!(
-            self,
-            RuntimeError::Failed {
-                not_found: true,
-                ..
-            }
-        )
+        matches!(self, RuntimeError::Failed { not_found: true, .. })
     }
 }
 
@@ -86,13 +77,7 @@ pub struct RuntimeState {
 }
 
 impl OciRuntime {
-    pub fn new(
-        binary: &str,
-        root: PathBuf,
-        systemd_cgroup: bool,
-        log: PathBuf,
-        reaper: Reaper,
-    ) -> Self {
+    pub fn new(binary: &str, root: PathBuf, systemd_cgroup: bool, log: PathBuf, reaper: Reaper) -> Self {
         Self {
             binary: binary.to_string(),
             root,
@@ -105,10 +90,7 @@ impl OciRuntime {
     fn command(&self, args: &[OsString]) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.arg("--root").arg(&self.root);
-        cmd.arg("--log")
-            .arg(&self.log)
-            .arg("--log-format")
-            .arg("json");
+        cmd.arg("--log").arg(&self.log).arg("--log-format").arg("json");
         if self.systemd_cgroup {
             cmd.arg("--systemd-cgroup");
         }
@@ -118,11 +100,7 @@ impl OciRuntime {
 
     /// Runs the runtime and returns its stdout. `stdio` (for create/exec) replaces the
     /// runtime's own stdio so the container inherits it; otherwise output is captured.
-    async fn run(
-        &self,
-        args: Vec<OsString>,
-        stdio: Option<ProcessStdio>,
-    ) -> Result<Vec<u8>, RuntimeError> {
+    async fn run(&self, args: Vec<OsString>, stdio: Option<ProcessStdio>) -> Result<Vec<u8>, RuntimeError> {
         let command = args
             .iter()
             .find(|a| !a.to_string_lossy().starts_with('-'))
@@ -138,9 +116,7 @@ impl OciRuntime {
                 cmd.stderr(s.stderr.map(Stdio::from).unwrap_or_else(Stdio::null));
             }
             None => {
-                cmd.stdin(Stdio::null())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped());
+                cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
             }
         }
         let mut child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
@@ -166,9 +142,9 @@ impl OciRuntime {
             tokio::join!(read_out, read_err);
         }
         drop(cmd);
-        let exit = exited.await.map_err(|_| {
-            std::io::Error::other(format!("{} {command}: exit status lost", self.binary))
-        })?;
+        let exit = exited
+            .await
+            .map_err(|_| std::io::Error::other(format!("{} {command}: exit status lost", self.binary)))?;
         if exit.status == 0 {
             return Ok(out);
         }
@@ -185,8 +161,7 @@ impl OciRuntime {
             message
         };
         let lower = message.to_lowercase();
-        let not_found = lower.contains("does not exist")
-            || lower.contains("not found") && lower.contains("container");
+        let not_found = lower.contains("does not exist") || lower.contains("not found") && lower.contains("container");
         Err(RuntimeError::Failed {
             binary: self.binary.clone(),
             command,
@@ -195,12 +170,7 @@ impl OciRuntime {
         })
     }
 
-    pub async fn create(
-        &self,
-        id: &str,
-        bundle: &Path,
-        spawn: Spawn<'_>,
-    ) -> Result<(), RuntimeError> {
+    pub async fn create(&self, id: &str, bundle: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError> {
         let mut args: Vec<OsString> = vec!["create".into(), "--bundle".into(), bundle.into()];
         args.extend(["--pid-file".into(), spawn.pid_file.into()]);
         if let Some(sock) = spawn.console_socket {
@@ -211,18 +181,11 @@ impl OciRuntime {
     }
 
     pub async fn start(&self, id: &str) -> Result<(), RuntimeError> {
-        self.run(vec!["start".into(), id.into()], None)
-            .await
-            .map(|_| ())
+        self.run(vec!["start".into(), id.into()], None).await.map(|_| ())
     }
 
     /// Runs an extra process described by `process_json` (an OCI `Process`) in the container.
-    pub async fn exec(
-        &self,
-        id: &str,
-        process_json: &Path,
-        spawn: Spawn<'_>,
-    ) -> Result<(), RuntimeError> {
+    pub async fn exec(&self, id: &str, process_json: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError> {
         let mut args: Vec<OsString> = vec!["exec".into(), "--detach".into()];
         args.extend(["--process".into(), process_json.into()]);
         args.extend(["--pid-file".into(), spawn.pid_file.into()]);
@@ -252,25 +215,16 @@ impl OciRuntime {
     }
 
     pub async fn pause(&self, id: &str) -> Result<(), RuntimeError> {
-        self.run(vec!["pause".into(), id.into()], None)
-            .await
-            .map(|_| ())
+        self.run(vec!["pause".into(), id.into()], None).await.map(|_| ())
     }
 
     pub async fn resume(&self, id: &str) -> Result<(), RuntimeError> {
-        self.run(vec!["resume".into(), id.into()], None)
-            .await
-            .map(|_| ())
+        self.run(vec!["resume".into(), id.into()], None).await.map(|_| ())
     }
 
     /// Applies new limits from an OCI `LinuxResources` JSON file.
     pub async fn update(&self, id: &str, resources_json: &Path) -> Result<(), RuntimeError> {
-        let args = vec![
-            "update".into(),
-            "--resources".into(),
-            resources_json.into(),
-            id.into(),
-        ];
+        let args = vec!["update".into(), "--resources".into(), resources_json.into(), id.into()];
         self.run(args, None).await.map(|_| ())
     }
 
@@ -283,8 +237,7 @@ impl OciRuntime {
     pub async fn ps(&self, id: &str) -> Result<Vec<i32>, RuntimeError> {
         let args = vec!["ps".into(), "--format".into(), "json".into(), id.into()];
         let out = self.run(args, None).await?;
-        let pids: Option<Vec<i32>> =
-            serde_json::from_slice(&out).map_err(|e| self.output_error("ps", e))?;
+        let pids: Option<Vec<i32>> = serde_json::from_slice(&out).map_err(|e| self.output_error("ps", e))?;
         Ok(pids.unwrap_or_default())
     }
 
@@ -293,15 +246,8 @@ impl OciRuntime {
         self.run(vec!["features".into()], None).await
     }
 
-    pub async fn checkpoint(
-        &self,
-        id: &str,
-        image: &Path,
-        work: &Path,
-        exit: bool,
-    ) -> Result<(), RuntimeError> {
-        let mut args: Vec<OsString> =
-            vec!["checkpoint".into(), "--image-path".into(), image.into()];
+    pub async fn checkpoint(&self, id: &str, image: &Path, work: &Path, exit: bool) -> Result<(), RuntimeError> {
+        let mut args: Vec<OsString> = vec!["checkpoint".into(), "--image-path".into(), image.into()];
         args.extend(["--work-path".into(), work.into()]);
         if !exit {
             args.push("--leave-running".into());
@@ -317,6 +263,33 @@ impl OciRuntime {
             message: e.to_string(),
         }
     }
+}
+
+/// Whether CRIU can checkpoint on this host (`criu check`), asked once; the error says why not.
+pub async fn criu_available() -> Result<(), String> {
+    static RESULT: tokio::sync::OnceCell<Result<(), String>> = tokio::sync::OnceCell::const_new();
+    RESULT
+        .get_or_init(|| async {
+            let out = std::process::Command::new("criu").arg("check").output();
+            match out {
+                Ok(o) if o.status.success() => Ok(()),
+                Ok(o) => {
+                    let text = String::from_utf8_lossy(&o.stderr);
+                    let last = text
+                        .lines()
+                        .filter(|l| !l.trim().is_empty())
+                        .last()
+                        .unwrap_or("no output");
+                    Err(format!(
+                        "checkpoint needs CRIU, and `criu check` fails on this host: {}",
+                        last.trim()
+                    ))
+                }
+                Err(e) => Err(format!("checkpoint needs CRIU, which cannot run here: {e}")),
+            }
+        })
+        .await
+        .clone()
 }
 
 fn pipe_reader<T: Into<OwnedFd>>(p: T) -> std::io::Result<tokio::net::unix::pipe::Receiver> {

@@ -7,17 +7,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
+use containerd_shim_protos::api::{CheckpointTaskRequest, StatsRequest, StatsResponse, UpdateTaskRequest};
 use containerd_shim_protos::api::{
-    CheckpointTaskRequest, StatsRequest, StatsResponse, UpdateTaskRequest,
-};
-use containerd_shim_protos::api::{
-    CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
-    DeleteRequest, DeleteResponse, ExecProcessRequest, KillRequest, PauseRequest, PidsRequest,
-    PidsResponse, ProcessInfo, ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest,
-    StartResponse, StateRequest, StateResponse, Status as ApiStatus, WaitRequest, WaitResponse,
+    CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse, DeleteRequest,
+    DeleteResponse, ExecProcessRequest, KillRequest, PauseRequest, PidsRequest, PidsResponse, ProcessInfo,
+    ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest, StartResponse, StateRequest, StateResponse,
+    Status as ApiStatus, WaitRequest, WaitResponse,
 };
 use containerd_shim_protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskPaused, TaskResumed,
+    TaskCheckpointed, TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskPaused, TaskResumed,
     TaskStart,
 };
 use containerd_shim_protos::protobuf::well_known_types::empty::Empty;
@@ -38,9 +36,7 @@ pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
     let code = match e {
         TaskError::NotFound(_) | TaskError::ExecNotFound { .. } => Code::NOT_FOUND,
         TaskError::AlreadyExists(_) => Code::ALREADY_EXISTS,
-        TaskError::InvalidArgument(_) | TaskError::Config(_) | TaskError::Spec(_) => {
-            Code::INVALID_ARGUMENT
-        }
+        TaskError::InvalidArgument(_) | TaskError::Config(_) | TaskError::Spec(_) => Code::INVALID_ARGUMENT,
         TaskError::Io(IoError::Open { .. } | IoError::Scheme(_)) => Code::INVALID_ARGUMENT,
         TaskError::Precondition(_) | TaskError::State(_) => Code::FAILED_PRECONDITION,
         TaskError::Unimplemented(_) => Code::UNIMPLEMENTED,
@@ -77,13 +73,7 @@ pub struct TaskService {
 type TResult<T> = ttrpc::Result<T>;
 
 impl TaskService {
-    pub fn new(
-        publisher: Publisher,
-        reaper: Reaper,
-        namespace: &str,
-        console_dir: PathBuf,
-        log: Logger,
-    ) -> Self {
+    pub fn new(publisher: Publisher, reaper: Reaper, namespace: &str, console_dir: PathBuf, log: Logger) -> Self {
         Self {
             containers: Mutex::default(),
             creating: Mutex::default(),
@@ -246,7 +236,7 @@ impl TaskService {
             }));
             exit
         } else {
-            c.delete_exec(&req.exec_id)?
+            c.delete_exec(&req.exec_id).await?
         };
         Ok(DeleteResponse {
             pid: exit.pid as u32,
@@ -282,9 +272,10 @@ impl TaskService {
 
     fn do_exec(&self, req: &ExecProcessRequest) -> Result<(), TaskError> {
         let c = self.get(&req.id)?;
-        let spec = req.spec.as_ref().ok_or_else(|| {
-            TaskError::InvalidArgument(format!("exec {:?}: no process spec", req.exec_id))
-        })?;
+        let spec = req
+            .spec
+            .as_ref()
+            .ok_or_else(|| TaskError::InvalidArgument(format!("exec {:?}: no process spec", req.exec_id)))?;
         let stdio = StdioPaths {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),
@@ -313,9 +304,7 @@ fn exit_event(container_id: &str, id: &str, info: ExitInfo) -> Event {
 }
 
 fn unimplemented(rpc: &str) -> ttrpc::Error {
-    to_ttrpc(&TaskError::Unimplemented(format!(
-        "{rpc} is not implemented by gantry"
-    )))
+    to_ttrpc(&TaskError::Unimplemented(format!("{rpc} is not implemented by gantry")))
 }
 
 /// The ttrpc-facing wrapper (the generated trait wants `Arc<dyn Task>`).
@@ -324,42 +313,27 @@ pub struct Service(pub Arc<TaskService>);
 
 #[async_trait]
 impl Task for Service {
-    async fn create(
-        &self,
-        _: &TtrpcContext,
-        req: CreateTaskRequest,
-    ) -> TResult<CreateTaskResponse> {
+    async fn create(&self, _: &TtrpcContext, req: CreateTaskRequest) -> TResult<CreateTaskResponse> {
         let id = req.id.clone();
         info!(self.0.log, "create"; "id" => &id, "bundle" => &req.bundle, "terminal" => req.terminal);
-        self.0
-            .do_create(req)
-            .await
-            .map_err(|e| self.0.fail("create", &id, e))
+        self.0.do_create(req).await.map_err(|e| self.0.fail("create", &id, e))
     }
 
     async fn start(&self, _: &TtrpcContext, req: StartRequest) -> TResult<StartResponse> {
         let id = req.id.clone();
         let exec = req.exec_id.clone();
         debug!(self.0.log, "start"; "id" => &id, "exec_id" => &exec);
-        self.0
-            .do_start(req)
-            .await
-            .map_err(|e| self.0.fail("start", &id, e))
+        self.0.do_start(req).await.map_err(|e| self.0.fail("start", &id, e))
     }
 
     async fn delete(&self, _: &TtrpcContext, req: DeleteRequest) -> TResult<DeleteResponse> {
         let id = req.id.clone();
         debug!(self.0.log, "delete"; "id" => &id, "exec_id" => &req.exec_id);
-        self.0
-            .do_delete(req)
-            .await
-            .map_err(|e| self.0.fail("delete", &id, e))
+        self.0.do_delete(req).await.map_err(|e| self.0.fail("delete", &id, e))
     }
 
     async fn state(&self, _: &TtrpcContext, req: StateRequest) -> TResult<StateResponse> {
-        self.0
-            .do_state(&req)
-            .map_err(|e| self.0.fail("state", &req.id, e))
+        self.0.do_state(&req).map_err(|e| self.0.fail("state", &req.id, e))
     }
 
     async fn wait(&self, _: &TtrpcContext, req: WaitRequest) -> TResult<WaitResponse> {
@@ -378,10 +352,7 @@ impl Task for Service {
 
     async fn kill(&self, _: &TtrpcContext, req: KillRequest) -> TResult<Empty> {
         debug!(self.0.log, "kill"; "id" => &req.id, "exec_id" => &req.exec_id, "signal" => req.signal, "all" => req.all);
-        let c = self
-            .0
-            .get(&req.id)
-            .map_err(|e| self.0.fail("kill", &req.id, e))?;
+        let c = self.0.get(&req.id).map_err(|e| self.0.fail("kill", &req.id, e))?;
         c.kill(&req.exec_id, req.signal, req.all)
             .await
             .map_err(|e| self.0.fail("kill", &req.id, e))?;
@@ -390,17 +361,12 @@ impl Task for Service {
 
     async fn exec(&self, _: &TtrpcContext, req: ExecProcessRequest) -> TResult<Empty> {
         debug!(self.0.log, "exec"; "id" => &req.id, "exec_id" => &req.exec_id);
-        self.0
-            .do_exec(&req)
-            .map_err(|e| self.0.fail("exec", &req.id, e))?;
+        self.0.do_exec(&req).map_err(|e| self.0.fail("exec", &req.id, e))?;
         Ok(Empty::new())
     }
 
     async fn pids(&self, _: &TtrpcContext, req: PidsRequest) -> TResult<PidsResponse> {
-        let c = self
-            .0
-            .get(&req.id)
-            .map_err(|e| self.0.fail("pids", &req.id, e))?;
+        let c = self.0.get(&req.id).map_err(|e| self.0.fail("pids", &req.id, e))?;
         let pids = c
             .runtime
             .ps(&c.id)
@@ -443,13 +409,8 @@ impl Task for Service {
     }
 
     async fn pause(&self, _: &TtrpcContext, req: PauseRequest) -> TResult<Empty> {
-        let c = self
-            .0
-            .get(&req.id)
-            .map_err(|e| self.0.fail("pause", &req.id, e))?;
-        c.pause()
-            .await
-            .map_err(|e| self.0.fail("pause", &req.id, e))?;
+        let c = self.0.get(&req.id).map_err(|e| self.0.fail("pause", &req.id, e))?;
+        c.pause().await.map_err(|e| self.0.fail("pause", &req.id, e))?;
         self.0.publisher.publish(Event::Paused(TaskPaused {
             container_id: c.id.clone(),
             ..Default::default()
@@ -458,13 +419,8 @@ impl Task for Service {
     }
 
     async fn resume(&self, _: &TtrpcContext, req: ResumeRequest) -> TResult<Empty> {
-        let c = self
-            .0
-            .get(&req.id)
-            .map_err(|e| self.0.fail("resume", &req.id, e))?;
-        c.resume()
-            .await
-            .map_err(|e| self.0.fail("resume", &req.id, e))?;
+        let c = self.0.get(&req.id).map_err(|e| self.0.fail("resume", &req.id, e))?;
+        c.resume().await.map_err(|e| self.0.fail("resume", &req.id, e))?;
         self.0.publisher.publish(Event::Resumed(TaskResumed {
             container_id: c.id.clone(),
             ..Default::default()
@@ -473,32 +429,56 @@ impl Task for Service {
     }
 
     async fn update(&self, _: &TtrpcContext, req: UpdateTaskRequest) -> TResult<Empty> {
-        self.0
-            .get(&req.id)
+        let c = self.0.get(&req.id).map_err(|e| self.0.fail("update", &req.id, e))?;
+        let Some(resources) = req.resources.as_ref() else {
+            let e = TaskError::InvalidArgument("update: no resources".into());
+            return Err(self.0.fail("update", &req.id, e));
+        };
+        c.update(resources)
+            .await
             .map_err(|e| self.0.fail("update", &req.id, e))?;
-        Err(unimplemented("Update"))
+        Ok(Empty::new())
     }
 
     async fn stats(&self, _: &TtrpcContext, req: StatsRequest) -> TResult<StatsResponse> {
-        self.0
-            .get(&req.id)
-            .map_err(|e| self.0.fail("stats", &req.id, e))?;
+        self.0.get(&req.id).map_err(|e| self.0.fail("stats", &req.id, e))?;
         Err(unimplemented("Stats"))
     }
 
     async fn checkpoint(&self, _: &TtrpcContext, req: CheckpointTaskRequest) -> TResult<Empty> {
-        self.0
-            .get(&req.id)
+        let c = self.0.get(&req.id).map_err(|e| self.0.fail("checkpoint", &req.id, e))?;
+        let opts = req
+            .options
+            .as_ref()
+            .and_then(|a| protobuf::Message::parse_from_bytes(&a.value).ok())
+            .unwrap_or_else(containerd_shim_protos::shim::oci::CheckpointOptions::new);
+        let image = if opts.image_path.is_empty() {
+            req.path.clone()
+        } else {
+            opts.image_path.clone()
+        };
+        if image.is_empty() {
+            let e = TaskError::InvalidArgument("checkpoint: no image path".into());
+            return Err(self.0.fail("checkpoint", &req.id, e));
+        }
+        let work = if opts.work_path.is_empty() {
+            c.bundle.join("criu-work")
+        } else {
+            PathBuf::from(&opts.work_path)
+        };
+        c.checkpoint(std::path::Path::new(&image), &work, opts.exit)
+            .await
             .map_err(|e| self.0.fail("checkpoint", &req.id, e))?;
-        Err(unimplemented("Checkpoint"))
+        self.0.publisher.publish(Event::Checkpointed(TaskCheckpointed {
+            container_id: c.id.clone(),
+            checkpoint: image,
+            ..Default::default()
+        }));
+        Ok(Empty::new())
     }
 
     async fn connect(&self, _: &TtrpcContext, req: ConnectRequest) -> TResult<ConnectResponse> {
-        let task_pid = self
-            .0
-            .get(&req.id)
-            .map(|c| c.init.pid() as u32)
-            .unwrap_or_default();
+        let task_pid = self.0.get(&req.id).map(|c| c.init.pid() as u32).unwrap_or_default();
         Ok(ConnectResponse {
             shim_pid: std::process::id(),
             task_pid,

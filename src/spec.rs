@@ -22,20 +22,11 @@ pub enum SpecError {
     #[error("invalid id {id:?}: {why}")]
     Id { id: String, why: &'static str },
     #[error("read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("malformed {path}: {source}")]
-    Parse {
-        path: PathBuf,
-        source: serde_json::Error,
-    },
+    Parse { path: PathBuf, source: serde_json::Error },
     #[error("write {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Write { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
     Devices(#[from] DeviceError),
 }
@@ -176,11 +167,7 @@ mod tests {
 
     #[test]
     fn relative_root_is_under_bundle() {
-        let spec: Spec =
-            serde_json::from_str(r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"}}"#).unwrap();
-        assert_eq!(
-            root_path(Path::new("/b"), &spec),
-            PathBuf::from("/b/rootfs")
-        );
+        let spec: Spec = serde_json::from_str(r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"}}"#).unwrap();
+        assert_eq!(root_path(Path::new("/b"), &spec), PathBuf::from("/b/rootfs"));
     }
 }

@@ -146,7 +146,11 @@ pub fn env() -> &'static Env {
         let up = wait_until(Duration::from_secs(20), || {
             env.ctr("default", &["version"]).status.success()
         });
-        assert!(up, "containerd did not start: {}", std::fs::read_to_string(dir.join("containerd.log")).unwrap_or_default());
+        assert!(
+            up,
+            "containerd did not start: {}",
+            std::fs::read_to_string(dir.join("containerd.log")).unwrap_or_default()
+        );
         env
     })
 }
@@ -206,14 +210,7 @@ impl Env {
     /// `ctr run --rm` through gantry; returns the output.
     pub fn ctr_run(&self, ns: &Ns, id: &str, extra: &[&str], cmd: &[&str]) -> Output {
         let config = ns.config.to_str().unwrap();
-        let mut args = vec![
-            "run",
-            "--rm",
-            "--runtime",
-            RUNTIME,
-            "--runtime-config-path",
-            config,
-        ];
+        let mut args = vec!["run", "--rm", "--runtime", RUNTIME, "--runtime-config-path", config];
         args.extend_from_slice(extra);
         args.extend_from_slice(&[IMAGE, id]);
         args.extend_from_slice(cmd);
@@ -223,14 +220,7 @@ impl Env {
     /// `ctr run -d` through gantry (the task keeps running).
     pub fn ctr_run_detached(&self, ns: &Ns, id: &str, extra: &[&str], cmd: &[&str]) -> Output {
         let config = ns.config.to_str().unwrap();
-        let mut args = vec![
-            "run",
-            "-d",
-            "--runtime",
-            RUNTIME,
-            "--runtime-config-path",
-            config,
-        ];
+        let mut args = vec!["run", "-d", "--runtime", RUNTIME, "--runtime-config-path", config];
         args.extend_from_slice(extra);
         args.extend_from_slice(&[IMAGE, id]);
         args.extend_from_slice(cmd);
@@ -239,27 +229,17 @@ impl Env {
 
     /// The bundle containerd made for a task.
     pub fn bundle(&self, ns: &str, id: &str) -> PathBuf {
-        self.state_dir
-            .join("io.containerd.runtime.v2.task")
-            .join(ns)
-            .join(id)
+        self.state_dir.join("io.containerd.runtime.v2.task").join(ns).join(id)
     }
 
     /// Everything a namespace's containers could leave behind, as readable lines; empty when clean.
     pub fn leftovers(&self, ns: &Ns) -> Vec<String> {
         let mut left = Vec::new();
-        let tasks = self
-            .state_dir
-            .join("io.containerd.runtime.v2.task")
-            .join(&ns.name);
+        let tasks = self.state_dir.join("io.containerd.runtime.v2.task").join(&ns.name);
         for e in std::fs::read_dir(&tasks).into_iter().flatten().flatten() {
             left.push(format!("bundle {}", e.path().display()));
         }
-        for e in std::fs::read_dir(&ns.socket_dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
+        for e in std::fs::read_dir(&ns.socket_dir).into_iter().flatten().flatten() {
             left.push(format!("socket {}", e.path().display()));
         }
         let ns_dir = &ns.dir;
@@ -277,11 +257,7 @@ impl Env {
             }
         }
         let runtime_ns = self.dir.join(ns).join("rt").join(ns);
-        for e in std::fs::read_dir(&runtime_ns)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
+        for e in std::fs::read_dir(&runtime_ns).into_iter().flatten().flatten() {
             left.push(format!("runtime state {}", e.path().display()));
         }
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -300,11 +276,7 @@ impl Env {
                 }
             }
         }
-        left.extend(
-            self.shim_processes(ns)
-                .into_iter()
-                .map(|p| format!("shim process {p}")),
-        );
+        left.extend(self.shim_processes(ns).into_iter().map(|p| format!("shim process {p}")));
         left
     }
 
@@ -322,9 +294,7 @@ impl Env {
                 .split(|b| *b == 0)
                 .map(|s| String::from_utf8_lossy(s).into_owned())
                 .collect();
-            let is_shim = args
-                .first()
-                .is_some_and(|a| a.ends_with("containerd-shim-gantry-v2"));
+            let is_shim = args.first().is_some_and(|a| a.ends_with("containerd-shim-gantry-v2"));
             let in_ns = args.windows(2).any(|w| w[0] == "-namespace" && w[1] == ns);
             let serving = !args.iter().any(|a| a == "start" || a == "delete");
             if is_shim && in_ns && serving {
@@ -342,10 +312,7 @@ fn clean_stale_runs() {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix("gantry-it-")
-            .and_then(|p| p.parse::<i32>().ok())
-        else {
+        let Some(pid) = name.strip_prefix("gantry-it-").and_then(|p| p.parse::<i32>().ok()) else {
             continue;
         };
         if Path::new(&format!("/proc/{pid}")).exists() {
@@ -353,21 +320,11 @@ fn clean_stale_runs() {
         }
         let dir = e.path();
         for p in shim_pids_under(&dir) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(p),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGKILL);
         }
         for ns in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            for root in std::fs::read_dir(ns.path().join("rt"))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let list = run(Command::new("runc")
-                    .arg("--root")
-                    .arg(root.path())
-                    .args(["list", "-q"]));
+            for root in std::fs::read_dir(ns.path().join("rt")).into_iter().flatten().flatten() {
+                let list = run(Command::new("runc").arg("--root").arg(root.path()).args(["list", "-q"]));
                 for id in String::from_utf8_lossy(&list.stdout).lines() {
                     let _ = run(Command::new("runc")
                         .arg("--root")
@@ -406,15 +363,7 @@ fn shim_pids_under(dir: &Path) -> Vec<i32> {
 }
 
 /// Files a CRI-O-style test bundle holds before gantry touches it (and that may stay).
-pub const KEEP_IN_BUNDLE: &[&str] = &[
-    "config.json",
-    "address",
-    "shim.pid",
-    "stdout",
-    "stderr",
-    "stdin",
-    "log",
-];
+pub const KEEP_IN_BUNDLE: &[&str] = &["config.json", "address", "shim.pid", "stdout", "stderr", "stdin", "log"];
 
 /// A test namespace and its private gantry config.
 pub struct Ns {
@@ -457,18 +406,13 @@ pub fn crio_bundle(
     let o = run(Command::new("runc").args(["spec", "--bundle"]).arg(&dir));
     assert!(o.status.success(), "runc spec: {}", text(&o));
     let path = dir.join("config.json");
-    let mut spec: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     spec["process"]["terminal"] = false.into();
     spec["process"]["args"] = args.iter().map(|a| serde_json::Value::from(*a)).collect();
     spec["root"]["path"] = env.rootfs.to_str().unwrap().into();
     spec["root"]["readonly"] = true.into();
     spec["linux"]["cgroupsPath"] = format!("/{}/{}", ns.name, id).into();
-    let kind = if id == sandbox {
-        "sandbox"
-    } else {
-        "container"
-    };
+    let kind = if id == sandbox { "sandbox" } else { "container" };
     spec["annotations"] = serde_json::json!({
         "io.kubernetes.cri-o.SandboxID": sandbox,
         "io.kubernetes.cri-o.ContainerType": kind,
@@ -563,9 +507,7 @@ pub fn read_fifo(f: &mut std::fs::File, timeout: Duration) -> String {
             Ok(0) if !out.is_empty() => break,
             Ok(0) => std::thread::sleep(Duration::from_millis(20)),
             Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
             Err(_) => break,
         }
     }

@@ -197,12 +197,7 @@ impl Registry {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.kind == kind)
-            .filter_map(|(i, s)| {
-                s.devices
-                    .iter()
-                    .find(|d| d.name == name.name)
-                    .map(|d| (i, d))
-            })
+            .filter_map(|(i, s)| s.devices.iter().find(|d| d.name == name.name).map(|d| (i, d)))
             .collect();
         let Some(top) = found.iter().map(|(i, _)| self.specs[*i].priority).max() else {
             if let Some(broken) = self.broken.first() {
@@ -268,12 +263,10 @@ fn load_file(path: &Path, priority: usize) -> Result<LoadedSpec, Broken> {
     let raw: CdiSpec = if json {
         serde_json::from_slice(&data).map_err(|e| malformed(e.to_string()))?
     } else {
-        container_device_interface::spec::parse_spec(&pathbuf)
-            .map_err(|e| malformed(format!("{e:#}")))?
+        container_device_interface::spec::parse_spec(&pathbuf).map_err(|e| malformed(format!("{e:#}")))?
     };
     let prio = i32::try_from(priority).unwrap_or(i32::MAX);
-    container_device_interface::spec::new_spec(&raw, &pathbuf, prio)
-        .map_err(|e| malformed(format!("{e:#}")))?;
+    container_device_interface::spec::new_spec(&raw, &pathbuf, prio).map_err(|e| malformed(format!("{e:#}")))?;
     let mirror: RawSpec = serde_json::to_value(&raw)
         .and_then(serde_json::from_value)
         .map_err(|e| malformed(e.to_string()))?;
@@ -351,10 +344,7 @@ fn parse_type(t: &str) -> Option<LinuxDeviceType> {
 }
 
 fn resolve_node(raw: &RawNode, dev_root: &Path, device: &str) -> Result<NodeEdit, DeviceError> {
-    let host = host_path(
-        Path::new(raw.host_path.as_deref().unwrap_or(&raw.path)),
-        dev_root,
-    );
+    let host = host_path(Path::new(raw.host_path.as_deref().unwrap_or(&raw.path)), dev_root);
     let declared = match raw.typ.as_deref().filter(|t| !t.is_empty()) {
         None => None,
         Some(t) => Some(parse_type(t).ok_or_else(|| DeviceError::InvalidNode {
@@ -400,23 +390,14 @@ fn resolve_node(raw: &RawNode, dev_root: &Path, device: &str) -> Result<NodeEdit
                 return Err(DeviceError::InvalidNode {
                     node: host,
                     device: device.to_string(),
-                    reason: format!(
-                        "spec says type {:?}, host node is {:?}",
-                        t.as_str(),
-                        info.typ.as_str()
-                    ),
+                    reason: format!("spec says type {:?}, host node is {:?}", t.as_str(), info.typ.as_str()),
                 });
             }
             let (major, minor) = match raw.major {
                 Some(major) => (major, raw.minor.unwrap_or(0)),
                 None => (info.major, info.minor),
             };
-            (
-                declared.unwrap_or(info.typ),
-                major,
-                minor,
-                Some(info.mode & 0o777),
-            )
+            (declared.unwrap_or(info.typ), major, minor, Some(info.mode & 0o777))
         }
     };
     let access = match raw.permissions.as_deref() {
@@ -445,9 +426,7 @@ impl RawDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::fixture::{
-        fake_gpu_uuid, is_root, ldcache_hook_args, make_fake_nvidia, write_nvidia_cdi_spec,
-    };
+    use crate::devices::fixture::{fake_gpu_uuid, is_root, ldcache_hook_args, make_fake_nvidia, write_nvidia_cdi_spec};
 
     fn qn(s: &str) -> QualifiedName {
         QualifiedName::parse(s).unwrap()
@@ -550,10 +529,7 @@ containerEdits:
             assert!(msg.contains(needle), "{needle} not in {msg}");
         }
         let msg = reg.lookup(&qn("example.com/x=1")).unwrap_err().to_string();
-        assert!(
-            msg.contains("example.com/x=1") && msg.contains("none"),
-            "{msg}"
-        );
+        assert!(msg.contains("example.com/x=1") && msg.contains("none"), "{msg}");
     }
 
     #[test]
@@ -584,15 +560,8 @@ containerEdits:
         let err = reg.lookup(&qn("nvidia.com/gpu=0")).unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, DeviceError::MalformedSpec { .. }), "{msg}");
-        assert!(
-            msg.contains(&bad.display().to_string()) && msg.contains("EOF"),
-            "{msg}"
-        );
-        assert!(
-            reg.broken[1].message.contains("bogusField"),
-            "{:?}",
-            reg.broken[1]
-        );
+        assert!(msg.contains(&bad.display().to_string()) && msg.contains("EOF"), "{msg}");
+        assert!(reg.broken[1].message.contains("bogusField"), "{:?}", reg.broken[1]);
         assert!(
             reg.broken[2].message.contains("empty device edits"),
             "{:?}",
@@ -616,24 +585,9 @@ containerEdits:
     fn later_dir_wins_and_same_dir_conflicts() {
         let base = tempfile::tempdir().unwrap();
         let (etc, run) = (base.path().join("etc"), base.path().join("run"));
-        write_nvidia_cdi_spec(
-            &etc,
-            Path::new("/dev"),
-            2,
-            "/etc-hook",
-            vec![],
-            Path::new("/lib/x"),
-        )
-        .unwrap();
-        let run_spec = write_nvidia_cdi_spec(
-            &run,
-            Path::new("/dev"),
-            1,
-            "/run-hook",
-            vec![],
-            Path::new("/lib/x"),
-        )
-        .unwrap();
+        write_nvidia_cdi_spec(&etc, Path::new("/dev"), 2, "/etc-hook", vec![], Path::new("/lib/x")).unwrap();
+        let run_spec =
+            write_nvidia_cdi_spec(&run, Path::new("/dev"), 1, "/run-hook", vec![], Path::new("/lib/x")).unwrap();
         let reg = Registry::load(&[etc.clone(), run.clone()]);
         let (i, _) = reg.lookup(&qn("nvidia.com/gpu=0")).unwrap();
         assert_eq!(reg.specs[i].path, run_spec);
@@ -650,8 +604,7 @@ containerEdits:
         let reg = Registry::load(&[etc.clone(), run.clone()]);
         let msg = reg.lookup(&qn("nvidia.com/gpu=0")).unwrap_err().to_string();
         assert!(
-            msg.contains(&copy.display().to_string())
-                && msg.contains(&run_spec.display().to_string()),
+            msg.contains(&copy.display().to_string()) && msg.contains(&run_spec.display().to_string()),
             "{msg}"
         );
         assert!(msg.contains("nvidia.com/gpu=0"), "{msg}");
@@ -681,12 +634,7 @@ containerEdits:
         make_fake_nvidia(&dev, 1, 500).unwrap();
         let raw = |v: serde_json::Value| -> RawNode { serde_json::from_value(v).unwrap() };
         // path only: looked up under dev_root
-        let n = resolve_node(
-            &raw(serde_json::json!({"path": "/dev/nvidia-uvm"})),
-            &dev,
-            "d",
-        )
-        .unwrap();
+        let n = resolve_node(&raw(serde_json::json!({"path": "/dev/nvidia-uvm"})), &dev, "d").unwrap();
         assert_eq!(
             (n.typ, n.major, n.minor, n.file_mode, n.access.as_str()),
             (LinuxDeviceType::C, 500, 0, Some(0o666), "rwm")
@@ -714,22 +662,13 @@ containerEdits:
                 "host node is \"c\"",
             ),
             (serde_json::json!({"path": "/dev/nvidia9"}), "nvidia9"),
-            (
-                serde_json::json!({"path": "/dev/plain"}),
-                "not a device node",
-            ),
-            (
-                serde_json::json!({"path": "/dev/nvidia0", "type": "x"}),
-                "invalid type",
-            ),
+            (serde_json::json!({"path": "/dev/plain"}), "not a device node"),
+            (serde_json::json!({"path": "/dev/nvidia0", "type": "x"}), "invalid type"),
         ] {
             let msg = resolve_node(&raw(v.clone()), &dev, "nvidia.com/gpu=9")
                 .unwrap_err()
                 .to_string();
-            assert!(
-                msg.contains(needle) && msg.contains("nvidia.com/gpu=9"),
-                "{v}: {msg}"
-            );
+            assert!(msg.contains(needle) && msg.contains("nvidia.com/gpu=9"), "{v}: {msg}");
         }
     }
 }

@@ -62,11 +62,9 @@ impl DeviceConfig {
     /// Checks what can be checked without touching the host, so a bad
     /// config fails at load time rather than at the first GPU container.
     pub fn validate(&self) -> Result<(), DeviceError> {
-        QualifiedName::parse_kind(&self.nvidia_kind).map_err(|reason| {
-            DeviceError::InvalidConfig {
-                key: "devices.nvidia_kind",
-                reason: format!("{:?}: {reason}", self.nvidia_kind),
-            }
+        QualifiedName::parse_kind(&self.nvidia_kind).map_err(|reason| DeviceError::InvalidConfig {
+            key: "devices.nvidia_kind",
+            reason: format!("{:?}: {reason}", self.nvidia_kind),
         })?;
         for name in &self.default_devices {
             QualifiedName::parse(name).map_err(|reason| DeviceError::InvalidConfig {

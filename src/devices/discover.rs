@@ -70,12 +70,7 @@ pub struct HostNode {
 }
 
 /// Control nodes every GPU process needs, in injection order.
-pub const CONTROL_NODES: [&str; 4] = [
-    "nvidiactl",
-    "nvidia-uvm",
-    "nvidia-uvm-tools",
-    "nvidia-modeset",
-];
+pub const CONTROL_NODES: [&str; 4] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"];
 
 /// `/dev/nvidia*` nodes found under a dev root.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -123,10 +118,7 @@ pub fn discover_nvidia(dev_root: &Path) -> io::Result<NvidiaNodes> {
         Ok(entries) => {
             let mut caps = Vec::new();
             for entry in entries {
-                caps.push(format!(
-                    "nvidia-caps/{}",
-                    entry?.file_name().to_string_lossy()
-                ));
+                caps.push(format!("nvidia-caps/{}", entry?.file_name().to_string_lossy()));
             }
             caps.sort();
             for rel in caps {
@@ -135,11 +127,7 @@ pub fn discover_nvidia(dev_root: &Path) -> io::Result<NvidiaNodes> {
                 }
             }
         }
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-            ) => {}
+        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => {}
         Err(e) => return Err(e),
     }
     Ok(found)
@@ -170,20 +158,13 @@ mod tests {
         let root = Path::new("/tmp/fake/dev");
         for (input, want) in [
             ("/dev/nvidia0", "/tmp/fake/dev/nvidia0"),
-            (
-                "/dev/nvidia-caps/nvidia-cap1",
-                "/tmp/fake/dev/nvidia-caps/nvidia-cap1",
-            ),
+            ("/dev/nvidia-caps/nvidia-cap1", "/tmp/fake/dev/nvidia-caps/nvidia-cap1"),
             ("/dev", "/tmp/fake/dev"),
             ("/devices/x", "/devices/x"),
             ("/opt/dev/nvidia0", "/opt/dev/nvidia0"),
             ("dev/nvidia0", "dev/nvidia0"),
         ] {
-            assert_eq!(
-                host_path(Path::new(input), root),
-                PathBuf::from(want),
-                "{input}"
-            );
+            assert_eq!(host_path(Path::new(input), root), PathBuf::from(want), "{input}");
         }
         assert_eq!(
             host_path(Path::new("/dev/nvidia0"), Path::new("/dev")),
@@ -194,10 +175,7 @@ mod tests {
     #[test]
     fn stat_kinds() {
         let null = stat_node(Path::new("/dev/null")).unwrap().unwrap();
-        assert_eq!(
-            (null.typ, null.major, null.minor),
-            (LinuxDeviceType::C, 1, 3)
-        );
+        assert_eq!((null.typ, null.major, null.minor), (LinuxDeviceType::C, 1, 3));
         assert_eq!(stat_node(Path::new("/etc/hostname")).ok().flatten(), None);
         assert_eq!(
             stat_node(Path::new("/nonexistent/x")).unwrap_err().kind(),
@@ -227,20 +205,11 @@ mod tests {
         let gpu1 = &found.gpus[&1];
         assert_eq!(gpu1.container, PathBuf::from("/dev/nvidia1"));
         assert_eq!(gpu1.host, dev.join("nvidia1"));
-        assert_eq!(
-            (gpu1.info.major, gpu1.info.minor, gpu1.info.mode),
-            (195, 1, 0o666)
-        );
+        assert_eq!((gpu1.info.major, gpu1.info.minor, gpu1.info.mode), (195, 1, 0o666));
         let control: Vec<_> = found
             .control
             .iter()
-            .map(|n| {
-                (
-                    n.container.to_string_lossy().into_owned(),
-                    n.info.major,
-                    n.info.minor,
-                )
-            })
+            .map(|n| (n.container.to_string_lossy().into_owned(), n.info.major, n.info.minor))
             .collect();
         assert_eq!(
             control,

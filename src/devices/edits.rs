@@ -10,8 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    Hook, Hooks, Linux, LinuxDevice, LinuxDeviceCgroup, LinuxDeviceType, LinuxResources, Mount,
-    Spec,
+    Hook, Hooks, Linux, LinuxDevice, LinuxDeviceCgroup, LinuxDeviceType, LinuxResources, Mount, Spec,
 };
 
 /// A device node with everything the OCI spec needs (host lookups done).
@@ -105,10 +104,7 @@ pub fn apply(spec: &mut Spec, edits: &EditSet, stats: &mut EditStats, warnings: 
         }
     }
     for edit in &edits.hooks {
-        let list = hook_list(
-            spec.hooks_mut().get_or_insert_with(Hooks::default),
-            edit.stage,
-        );
+        let list = hook_list(spec.hooks_mut().get_or_insert_with(Hooks::default), edit.stage);
         let list = list.get_or_insert_with(Vec::new);
         if list
             .iter()
@@ -122,12 +118,7 @@ pub fn apply(spec: &mut Spec, edits: &EditSet, stats: &mut EditStats, warnings: 
     }
 }
 
-fn apply_process(
-    spec: &mut Spec,
-    edits: &EditSet,
-    stats: &mut EditStats,
-    warnings: &mut Vec<String>,
-) {
+fn apply_process(spec: &mut Spec, edits: &EditSet, stats: &mut EditStats, warnings: &mut Vec<String>) {
     if edits.env.is_empty() && edits.additional_gids.iter().all(|g| *g == 0) {
         return;
     }
@@ -149,10 +140,7 @@ fn apply_process(
         if gid == 0 {
             continue;
         }
-        let gids = process
-            .user_mut()
-            .additional_gids_mut()
-            .get_or_insert_with(Vec::new);
+        let gids = process.user_mut().additional_gids_mut().get_or_insert_with(Vec::new);
         if !gids.contains(&gid) {
             gids.push(gid);
             stats.gids_added += 1;
@@ -229,9 +217,7 @@ fn apply_node(spec: &mut Spec, node: &NodeEdit, stats: &mut EditStats) {
         return;
     }
     let want = access_bits(Some(&node.access));
-    let resources = linux
-        .resources_mut()
-        .get_or_insert_with(LinuxResources::default);
+    let resources = linux.resources_mut().get_or_insert_with(LinuxResources::default);
     let rules = resources.devices_mut().get_or_insert_with(Vec::new);
     if granted(rules, rule_typ, major, minor) & want == want {
         return;
@@ -377,17 +363,11 @@ mod tests {
     fn full_set() -> EditSet {
         EditSet {
             env: vec!["NVIDIA_VISIBLE_DEVICES=void".into(), "FOO=1".into()],
-            nodes: vec![
-                node("/dev/nvidia0", 195, 0),
-                node("/dev/nvidiactl", 195, 255),
-            ],
+            nodes: vec![node("/dev/nvidia0", 195, 0), node("/dev/nvidiactl", 195, 255)],
             mounts: vec![mount("/usr/lib/libcuda.so.1")],
             hooks: vec![HookEdit {
                 stage: HookStage::CreateContainer,
-                hook: hook(
-                    "/usr/bin/nvidia-cdi-hook",
-                    &["nvidia-cdi-hook", "update-ldcache"],
-                ),
+                hook: hook("/usr/bin/nvidia-cdi-hook", &["nvidia-cdi-hook", "update-ldcache"]),
             }],
             additional_gids: vec![0, 44],
         }
@@ -420,13 +400,7 @@ mod tests {
             (devs[0].major(), devs[0].minor(), devs[0].file_mode()),
             (195, 0, Some(0o666))
         );
-        let rules = linux
-            .resources()
-            .as_ref()
-            .unwrap()
-            .devices()
-            .as_ref()
-            .unwrap();
+        let rules = linux.resources().as_ref().unwrap().devices().as_ref().unwrap();
         assert_eq!(rules.len(), 3);
         assert!(!rules[0].allow(), "deny-all stays first");
         assert_eq!(
@@ -458,29 +432,17 @@ mod tests {
             .set_typ(LinuxDeviceType::C)
             .set_major(195)
             .set_minor(0);
-        spec.linux_mut()
-            .as_mut()
-            .unwrap()
-            .set_devices(Some(vec![present]));
+        spec.linux_mut().as_mut().unwrap().set_devices(Some(vec![present]));
         let set = EditSet {
             nodes: vec![node("/dev/nvidia0", 999, 9)],
             ..Default::default()
         };
         let mut stats = EditStats::default();
         apply(&mut spec, &set, &mut stats, &mut Vec::new());
-        assert_eq!(
-            (stats.nodes_present, stats.nodes_added, stats.rules_added),
-            (1, 0, 1)
-        );
+        assert_eq!((stats.nodes_present, stats.nodes_added, stats.rules_added), (1, 0, 1));
         let linux = spec.linux().as_ref().unwrap();
         assert_eq!(linux.devices().as_ref().unwrap().len(), 1);
-        let rules = linux
-            .resources()
-            .as_ref()
-            .unwrap()
-            .devices()
-            .as_ref()
-            .unwrap();
+        let rules = linux.resources().as_ref().unwrap().devices().as_ref().unwrap();
         assert_eq!(
             rules[1],
             rule(true, Some(LinuxDeviceType::C), Some(195), Some(0), "rwm")
@@ -495,58 +457,37 @@ mod tests {
             (vec![], "rwm", true),
             (vec![deny_all.clone()], "rwm", true),
             (
-                vec![
-                    deny_all.clone(),
-                    rule(true, Some(C), Some(195), Some(0), "rwm"),
-                ],
+                vec![deny_all.clone(), rule(true, Some(C), Some(195), Some(0), "rwm")],
                 "rwm",
                 false,
             ),
             (
-                vec![
-                    deny_all.clone(),
-                    rule(true, Some(C), Some(195), Some(0), "rw"),
-                ],
+                vec![deny_all.clone(), rule(true, Some(C), Some(195), Some(0), "rw")],
                 "rw",
                 false,
             ),
             (
-                vec![
-                    deny_all.clone(),
-                    rule(true, Some(C), Some(195), Some(0), "r"),
-                ],
+                vec![deny_all.clone(), rule(true, Some(C), Some(195), Some(0), "r")],
                 "rw",
                 true,
             ),
             (
-                vec![
-                    deny_all.clone(),
-                    rule(true, Some(C), Some(195), None, "rwm"),
-                ],
+                vec![deny_all.clone(), rule(true, Some(C), Some(195), None, "rwm")],
                 "rwm",
                 false,
             ),
             (
-                vec![
-                    deny_all.clone(),
-                    rule(true, Some(C), Some(195), Some(-1), "rwm"),
-                ],
+                vec![deny_all.clone(), rule(true, Some(C), Some(195), Some(-1), "rwm")],
                 "rwm",
                 false,
             ),
             (
-                vec![
-                    deny_all.clone(),
-                    rule(true, Some(B), Some(195), Some(0), "rwm"),
-                ],
+                vec![deny_all.clone(), rule(true, Some(B), Some(195), Some(0), "rwm")],
                 "rwm",
                 true,
             ),
             (
-                vec![
-                    deny_all.clone(),
-                    rule(true, Some(C), Some(195), Some(1), "rwm"),
-                ],
+                vec![deny_all.clone(), rule(true, Some(C), Some(195), Some(1), "rwm")],
                 "rwm",
                 true,
             ),
@@ -616,14 +557,8 @@ mod tests {
             .devices()
             .clone()
             .unwrap();
-        assert_eq!(
-            rules[1],
-            rule(true, Some(LinuxDeviceType::C), Some(10), Some(2), "rwm")
-        );
-        assert_eq!(
-            rules[2],
-            rule(true, Some(LinuxDeviceType::B), Some(8), Some(0), "r")
-        );
+        assert_eq!(rules[1], rule(true, Some(LinuxDeviceType::C), Some(10), Some(2), "rwm"));
+        assert_eq!(rules[2], rule(true, Some(LinuxDeviceType::B), Some(8), Some(0), "r"));
     }
 
     #[test]
@@ -668,14 +603,8 @@ mod tests {
     #[test]
     fn hooks_and_mounts_dedup_and_stages() {
         let mut spec = engine_spec();
-        let h = hook(
-            "/usr/bin/nvidia-cdi-hook",
-            &["nvidia-cdi-hook", "update-ldcache"],
-        );
-        let other_args = hook(
-            "/usr/bin/nvidia-cdi-hook",
-            &["nvidia-cdi-hook", "create-symlinks"],
-        );
+        let h = hook("/usr/bin/nvidia-cdi-hook", &["nvidia-cdi-hook", "update-ldcache"]);
+        let other_args = hook("/usr/bin/nvidia-cdi-hook", &["nvidia-cdi-hook", "create-symlinks"]);
         let set = EditSet {
             hooks: vec![
                 HookEdit {
@@ -720,32 +649,13 @@ mod tests {
 
     #[test]
     fn missing_sections_are_created_and_missing_process_warns() {
-        let mut spec: Spec =
-            serde_json::from_value(serde_json::json!({"ociVersion": "1.1.0"})).unwrap();
+        let mut spec: Spec = serde_json::from_value(serde_json::json!({"ociVersion": "1.1.0"})).unwrap();
         let mut warnings = Vec::new();
-        apply(
-            &mut spec,
-            &full_set(),
-            &mut EditStats::default(),
-            &mut warnings,
-        );
+        apply(&mut spec, &full_set(), &mut EditStats::default(), &mut warnings);
         assert_eq!(warnings.len(), 1);
         let linux = spec.linux().as_ref().unwrap();
-        assert!(
-            linux.namespaces().is_none(),
-            "no default namespaces invented"
-        );
+        assert!(linux.namespaces().is_none(), "no default namespaces invented");
         assert_eq!(linux.devices().as_ref().unwrap().len(), 2);
-        assert_eq!(
-            linux
-                .resources()
-                .as_ref()
-                .unwrap()
-                .devices()
-                .as_ref()
-                .unwrap()
-                .len(),
-            2
-        );
+        assert_eq!(linux.resources().as_ref().unwrap().devices().as_ref().unwrap().len(), 2);
     }
 }

@@ -32,9 +32,7 @@ pub fn fake_gpu_uuid(index: u32) -> String {
 /// (uvm_major+1:1, 2), all mode 0666. Existing nodes are kept.
 pub fn make_fake_nvidia(dev_root: &Path, gpus: u32, uvm_major: u32) -> io::Result<()> {
     fs::create_dir_all(dev_root.join("nvidia-caps"))?;
-    let mut nodes: Vec<(String, u32, u32)> = (0..gpus)
-        .map(|i| (format!("nvidia{i}"), NVIDIA_MAJOR, i))
-        .collect();
+    let mut nodes: Vec<(String, u32, u32)> = (0..gpus).map(|i| (format!("nvidia{i}"), NVIDIA_MAJOR, i)).collect();
     nodes.extend([
         ("nvidiactl".to_string(), NVIDIA_MAJOR, 255),
         ("nvidia-modeset".to_string(), NVIDIA_MAJOR, 254),

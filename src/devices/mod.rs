@@ -28,8 +28,7 @@ use oci_spec::runtime::{Capability, LinuxDeviceType, Spec};
 pub use config::DeviceConfig;
 pub use edits::EditStats;
 pub use request::{
-    Origin, QualifiedName, VisibleDevices, CDI_ANNOTATION_PREFIX, DEVICES_ANNOTATION,
-    NVIDIA_VISIBLE_DEVICES,
+    Origin, QualifiedName, VisibleDevices, CDI_ANNOTATION_PREFIX, DEVICES_ANNOTATION, NVIDIA_VISIBLE_DEVICES,
 };
 
 use edits::{EditSet, NodeEdit};
@@ -171,13 +170,9 @@ pub fn is_privileged(spec: &Spec) -> bool {
         .and_then(|p| p.capabilities().as_ref())
         .and_then(|c| c.bounding().as_ref());
     bounding.is_some_and(|b| {
-        [
-            Capability::SysAdmin,
-            Capability::SysModule,
-            Capability::SysRawio,
-        ]
-        .iter()
-        .all(|c| b.contains(c))
+        [Capability::SysAdmin, Capability::SysModule, Capability::SysRawio]
+            .iter()
+            .all(|c| b.contains(c))
     })
 }
 
@@ -188,11 +183,7 @@ pub fn is_privileged(spec: &Spec) -> bool {
 /// unprivileged containers only if `cfg.nvidia_visible_devices`). Without
 /// any, returns an empty [`Injection`] without touching the spec or the
 /// filesystem. On error the spec is left unchanged.
-pub fn inject(
-    spec: &mut Spec,
-    cfg: &DeviceConfig,
-    privileged: bool,
-) -> Result<Injection, DeviceError> {
+pub fn inject(spec: &mut Spec, cfg: &DeviceConfig, privileged: bool) -> Result<Injection, DeviceError> {
     let mut report = Injection::default();
     let explicit = request::explicit_requests(spec.annotations().as_ref(), cfg, privileged)?;
     let env: Vec<String> = spec
@@ -239,9 +230,7 @@ pub fn inject(
 
     report.warnings.append(&mut plan.warnings);
     for broken in &registry.broken {
-        report
-            .warnings
-            .push(format!("ignored: {}", broken.to_error()));
+        report.warnings.push(format!("ignored: {}", broken.to_error()));
     }
     for set in &plan.sets {
         edits::apply(spec, set, &mut report.stats, &mut report.warnings);
@@ -266,39 +255,25 @@ struct Plan {
 }
 
 impl Plan {
-    fn add_cdi(
-        &mut self,
-        registry: &cdi::Registry,
-        req: &Request,
-        dev_root: &Path,
-    ) -> Result<(), DeviceError> {
+    fn add_cdi(&mut self, registry: &cdi::Registry, req: &Request, dev_root: &Path) -> Result<(), DeviceError> {
         let device = req.name.to_string();
         let (index, dev) = registry.lookup(&req.name)?;
         let spec_path = registry.specs[index].path.clone();
         if !self.used_specs.contains(&index) {
             if let Some(raw) = registry.spec_edits(index) {
-                let set =
-                    cdi::resolve_edits(raw, dev_root, &device, &spec_path, &mut self.warnings)?;
+                let set = cdi::resolve_edits(raw, dev_root, &device, &spec_path, &mut self.warnings)?;
                 self.sets.push(set);
             }
             self.used_specs.push(index);
             self.spec_files.push(spec_path.clone());
         }
-        let set = cdi::resolve_edits(
-            dev.edits(),
-            dev_root,
-            &device,
-            &spec_path,
-            &mut self.warnings,
-        )?;
+        let set = cdi::resolve_edits(dev.edits(), dev_root, &device, &spec_path, &mut self.warnings)?;
         self.sets.push(set);
         push_name(&mut self.devices, device.clone());
         self.sources.push(InjectedDevice {
             device,
             origin: req.origin.clone(),
-            resolution: Resolution::Cdi {
-                spec_file: spec_path,
-            },
+            resolution: Resolution::Cdi { spec_file: spec_path },
         });
         Ok(())
     }
@@ -312,12 +287,11 @@ impl Plan {
         reqs: &[Request],
         cfg: &DeviceConfig,
     ) -> Result<(), DeviceError> {
-        let found =
-            discover::discover_nvidia(&cfg.dev_root).map_err(|e| DeviceError::NodeMissing {
-                node: cfg.dev_root.clone(),
-                device: reqs.first().map(|r| r.name.to_string()).unwrap_or_default(),
-                reason: format!("cannot list NVIDIA nodes: {e}"),
-            })?;
+        let found = discover::discover_nvidia(&cfg.dev_root).map_err(|e| DeviceError::NodeMissing {
+            node: cfg.dev_root.clone(),
+            device: reqs.first().map(|r| r.name.to_string()).unwrap_or_default(),
+            reason: format!("cannot list NVIDIA nodes: {e}"),
+        })?;
         let mut set = EditSet::default();
         for req in reqs {
             let device = req.name.to_string();
@@ -336,29 +310,22 @@ impl Plan {
                 }
                 found.gpus.values().collect()
             } else {
-                let index =
-                    req.name
-                        .name
-                        .parse::<u32>()
-                        .map_err(|_| DeviceError::UnknownDevice {
-                            device: device.clone(),
-                            kind: cfg.nvidia_kind.clone(),
-                            detail: format!(
+                let index = req.name.name.parse::<u32>().map_err(|_| DeviceError::UnknownDevice {
+                    device: device.clone(),
+                    kind: cfg.nvidia_kind.clone(),
+                    detail: format!(
                         "no CDI spec for the kind, and without one only GPU indexes and `all` \
                          can be resolved from {} (generate a spec with `nvidia-ctk cdi generate`)",
                         cfg.dev_root.display()
                     ),
-                            spec_files: Vec::new(),
-                            searched: registry.dirs.clone(),
-                        })?;
-                let gpu = found
-                    .gpus
-                    .get(&index)
-                    .ok_or_else(|| DeviceError::NodeMissing {
-                        node: cfg.dev_root.join(format!("nvidia{index}")),
-                        device: device.clone(),
-                        reason: "no such GPU node (and no CDI spec for the kind)".to_string(),
-                    })?;
+                    spec_files: Vec::new(),
+                    searched: registry.dirs.clone(),
+                })?;
+                let gpu = found.gpus.get(&index).ok_or_else(|| DeviceError::NodeMissing {
+                    node: cfg.dev_root.join(format!("nvidia{index}")),
+                    device: device.clone(),
+                    reason: "no such GPU node (and no CDI spec for the kind)".to_string(),
+                })?;
                 vec![gpu]
             };
             let nodes = gpus.iter().map(|g| g.container.clone()).collect();

@@ -79,27 +79,15 @@ impl fmt::Display for QualifiedName {
 }
 
 fn validate_vendor_or_class(s: &str) -> Result<(), String> {
-    validate_chars(
-        s,
-        |c| c.is_ascii_alphabetic(),
-        |c| matches!(c, '-' | '_' | '.'),
-    )
+    validate_chars(s, |c| c.is_ascii_alphabetic(), |c| matches!(c, '-' | '_' | '.'))
 }
 
 fn validate_device_name(s: &str) -> Result<(), String> {
-    validate_chars(
-        s,
-        |c| c.is_ascii_alphanumeric(),
-        |c| matches!(c, '-' | '_' | '.' | ':'),
-    )
-    .map_err(|e| format!("device name {s:?}: {e}"))
+    validate_chars(s, |c| c.is_ascii_alphanumeric(), |c| matches!(c, '-' | '_' | '.' | ':'))
+        .map_err(|e| format!("device name {s:?}: {e}"))
 }
 
-fn validate_chars(
-    s: &str,
-    first_ok: impl Fn(char) -> bool,
-    inner_extra: impl Fn(char) -> bool,
-) -> Result<(), String> {
+fn validate_chars(s: &str, first_ok: impl Fn(char) -> bool, inner_extra: impl Fn(char) -> bool) -> Result<(), String> {
     let mut chars = s.chars();
     match chars.next() {
         None => return Err("empty".to_string()),
@@ -111,10 +99,7 @@ fn validate_chars(
             return Err(format!("must not end with {c:?}"));
         }
     }
-    if let Some(c) = s
-        .chars()
-        .find(|&c| !c.is_ascii_alphanumeric() && !inner_extra(c))
-    {
+    if let Some(c) = s.chars().find(|&c| !c.is_ascii_alphanumeric() && !inner_extra(c)) {
         return Err(format!("invalid character {c:?}"));
     }
     Ok(())
@@ -221,9 +206,7 @@ impl VisibleDevices {
 
 /// The value of `key` in a `KEY=value` entry.
 pub(crate) fn env_value<'a>(entry: &'a str, key: &str) -> Option<&'a str> {
-    entry
-        .split_once('=')
-        .and_then(|(k, v)| (k == key).then_some(v))
+    entry.split_once('=').and_then(|(k, v)| (k == key).then_some(v))
 }
 
 /// Requests from `default_devices` and annotations, in that order (annotation
@@ -258,12 +241,11 @@ pub fn explicit_requests(
             let value = annotations.get(key).map(String::as_str).unwrap_or_default();
             for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
                 let origin = Origin::Annotation(key.clone());
-                let name =
-                    QualifiedName::parse(item).map_err(|reason| DeviceError::InvalidRequest {
-                        request: item.to_string(),
-                        origin: origin.to_string(),
-                        reason,
-                    })?;
+                let name = QualifiedName::parse(item).map_err(|reason| DeviceError::InvalidRequest {
+                    request: item.to_string(),
+                    origin: origin.to_string(),
+                    reason,
+                })?;
                 let req = Request { name, origin };
                 check_policy(&req, cfg, privileged)?;
                 push_unique(&mut out, req);
@@ -285,12 +267,10 @@ pub fn env_requests(
     }
     let mut out = Vec::new();
     for item in visible.device_names() {
-        let name = QualifiedName::from_kind(&cfg.nvidia_kind, &item).map_err(|reason| {
-            DeviceError::InvalidRequest {
-                request: item.clone(),
-                origin: Origin::Env.to_string(),
-                reason,
-            }
+        let name = QualifiedName::from_kind(&cfg.nvidia_kind, &item).map_err(|reason| DeviceError::InvalidRequest {
+            request: item.clone(),
+            origin: Origin::Env.to_string(),
+            reason,
         })?;
         let req = Request {
             name,
@@ -304,11 +284,7 @@ pub fn env_requests(
 
 /// Denies what the policy forbids; the administrator's own
 /// `default_devices` are exempt.
-pub fn check_policy(
-    req: &Request,
-    cfg: &DeviceConfig,
-    privileged: bool,
-) -> Result<(), DeviceError> {
+pub fn check_policy(req: &Request, cfg: &DeviceConfig, privileged: bool) -> Result<(), DeviceError> {
     if req.origin == Origin::Config {
         return Ok(());
     }
@@ -353,10 +329,7 @@ mod tests {
         for (input, ok) in [
             ("nvidia.com/gpu=0", true),
             ("nvidia.com/gpu=all", true),
-            (
-                "nvidia.com/gpu=GPU-6ba7b810-9dad-11d1-80b4-00c04fd430c8",
-                true,
-            ),
+            ("nvidia.com/gpu=GPU-6ba7b810-9dad-11d1-80b4-00c04fd430c8", true),
             ("nvidia.com/gpu=MIG-0:1", true),
             ("vendor_x.io/class-a=dev.1", true),
             ("nvidia.com/gpu", false),
@@ -413,38 +386,23 @@ mod tests {
     #[test]
     fn visible_devices_from_env() {
         let env = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(VisibleDevices::from_env(&env(&["PATH=/bin"])), VisibleDevices::Unset);
         assert_eq!(
-            VisibleDevices::from_env(&env(&["PATH=/bin"])),
-            VisibleDevices::Unset
-        );
-        assert_eq!(
-            VisibleDevices::from_env(&env(&[
-                "NVIDIA_VISIBLE_DEVICES=0",
-                "NVIDIA_VISIBLE_DEVICES=1"
-            ])),
+            VisibleDevices::from_env(&env(&["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1"])),
             VisibleDevices::List(vec!["1".into()])
         );
         assert_eq!(
-            VisibleDevices::from_env(&env(&[
-                "NVIDIA_VISIBLE_DEVICES=void",
-                "NVIDIA_VISIBLE_DEVICES=all"
-            ])),
+            VisibleDevices::from_env(&env(&["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES=all"])),
             VisibleDevices::Void
         );
         assert_eq!(
-            VisibleDevices::from_env(&env(&[
-                "NVIDIA_VISIBLE_DEVICESX=0",
-                "XNVIDIA_VISIBLE_DEVICES=0"
-            ])),
+            VisibleDevices::from_env(&env(&["NVIDIA_VISIBLE_DEVICESX=0", "XNVIDIA_VISIBLE_DEVICES=0"])),
             VisibleDevices::Unset
         );
     }
 
     fn annotations(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     fn names(reqs: &[Request]) -> Vec<String> {
@@ -492,10 +450,7 @@ mod tests {
         let err = explicit_requests(Some(&a), &DeviceConfig::default(), false)
             .unwrap_err()
             .to_string();
-        assert!(
-            err.contains("gpu0") && err.contains("cdi.k8s.io/x"),
-            "{err}"
-        );
+        assert!(err.contains("gpu0") && err.contains("cdi.k8s.io/x"), "{err}");
 
         let visible = VisibleDevices::parse(Some("0,bad/name"));
         let err = env_requests(&visible, &DeviceConfig::default(), false)
@@ -541,10 +496,7 @@ mod tests {
         };
         let v = VisibleDevices::parse(Some("0"));
         assert!(env_requests(&v, &cfg, false).unwrap().is_empty());
-        assert_eq!(
-            names(&env_requests(&v, &cfg, true).unwrap()),
-            ["nvidia.com/gpu=0"]
-        );
+        assert_eq!(names(&env_requests(&v, &cfg, true).unwrap()), ["nvidia.com/gpu=0"]);
     }
 
     #[test]
@@ -658,10 +610,7 @@ mod tests {
                 (Ok(()), None) => {}
                 (Err(e), Some(policy)) => {
                     let msg = e.to_string();
-                    assert!(
-                        msg.contains(policy) && msg.contains(c.device),
-                        "case {i}: {msg}"
-                    );
+                    assert!(msg.contains(policy) && msg.contains(c.device), "case {i}: {msg}");
                     assert!(matches!(e, DeviceError::PolicyDenied { .. }), "case {i}");
                 }
                 (got, want) => panic!("case {i}: got {got:?}, want denial by {want:?}"),

@@ -8,9 +8,7 @@ use std::path::{Path, PathBuf};
 use oci_spec::runtime::{LinuxDeviceType, Spec};
 use serde_json::json;
 
-use super::fixture::{
-    fake_gpu_uuid, is_root, ldcache_hook_args, make_fake_nvidia, write_nvidia_cdi_spec,
-};
+use super::fixture::{fake_gpu_uuid, is_root, ldcache_hook_args, make_fake_nvidia, write_nvidia_cdi_spec};
 use super::*;
 
 const HOOK: &str = "/usr/bin/nvidia-cdi-hook";
@@ -51,15 +49,7 @@ impl Host {
 
     fn with_spec(gpus: u32) -> Option<(Host, PathBuf)> {
         let host = Host::new(gpus)?;
-        let spec = write_nvidia_cdi_spec(
-            &host.run,
-            &host.dev,
-            gpus,
-            HOOK,
-            ldcache_hook_args(),
-            &host.lib,
-        )
-        .unwrap();
+        let spec = write_nvidia_cdi_spec(&host.run, &host.dev, gpus, HOOK, ldcache_hook_args(), &host.lib).unwrap();
         Some((host, spec))
     }
 
@@ -105,13 +95,7 @@ fn node_paths(spec: &Spec) -> Vec<String> {
 }
 
 /// (allow, type, major, minor, access) of a cgroup device rule.
-type Rule = (
-    bool,
-    Option<LinuxDeviceType>,
-    Option<i64>,
-    Option<i64>,
-    Option<String>,
-);
+type Rule = (bool, Option<LinuxDeviceType>, Option<i64>, Option<i64>, Option<String>);
 
 fn rules(spec: &Spec) -> Vec<Rule> {
     spec.linux()
@@ -223,35 +207,17 @@ fn annotation_request_injects_cdi_edits() {
         ]
     );
     // The CDI marker replaced the image's selection: no second injection by env.
-    assert_eq!(
-        env_of(&spec),
-        ["PATH=/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=void"]
-    );
+    assert_eq!(env_of(&spec), ["PATH=/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=void"]);
     let mounts = spec.mounts().clone().unwrap();
-    let lib = mounts
-        .iter()
-        .find(|m| m.destination() == Path::new(LIB_DEST))
-        .unwrap();
+    let lib = mounts.iter().find(|m| m.destination() == Path::new(LIB_DEST)).unwrap();
     assert_eq!(lib.source().as_deref(), Some(host.lib.as_path()));
-    assert_eq!(
-        lib.options().clone().unwrap(),
-        ["ro", "nosuid", "nodev", "bind"]
-    );
-    let hooks = spec
-        .hooks()
-        .as_ref()
-        .unwrap()
-        .create_container()
-        .clone()
-        .unwrap();
+    assert_eq!(lib.options().clone().unwrap(), ["ro", "nosuid", "nodev", "bind"]);
+    let hooks = spec.hooks().as_ref().unwrap().create_container().clone().unwrap();
     assert_eq!(hooks.len(), 1);
     assert_eq!(hooks[0].path(), Path::new(HOOK));
     assert_eq!(hooks[0].args().clone().unwrap(), ldcache_hook_args());
     let dev = spec.linux().as_ref().unwrap().devices().clone().unwrap();
-    let gpu1 = dev
-        .iter()
-        .find(|d| d.path() == Path::new("/dev/nvidia1"))
-        .unwrap();
+    let gpu1 = dev.iter().find(|d| d.path() == Path::new("/dev/nvidia1")).unwrap();
     assert_eq!(
         (gpu1.typ(), gpu1.major(), gpu1.minor(), gpu1.file_mode()),
         (LinuxDeviceType::C, 195, 1, Some(0o666))
@@ -393,10 +359,7 @@ fn every_request_form() {
         assert_eq!(gpus, c.want_gpus, "case {i}");
         if !c.want_devices.is_empty() {
             assert_eq!(injected(&spec), Some(c.want_devices.join(",")), "case {i}");
-            assert!(
-                env_of(&spec).contains(&s("NVIDIA_VISIBLE_DEVICES=void")),
-                "case {i}"
-            );
+            assert!(env_of(&spec).contains(&s("NVIDIA_VISIBLE_DEVICES=void")), "case {i}");
         }
         let once = spec.clone();
         inject(&mut spec, &cfg, false).unwrap();
@@ -412,7 +375,8 @@ fn engine_pre_injected_spec_is_not_duplicated() {
         return;
     };
     let node = |p: &str, major: i64, minor: i64| json!({"path": p, "type": "c", "major": major, "minor": minor, "fileMode": 8630});
-    let rule = |major: i64, minor: i64| json!({"allow": true, "type": "c", "major": major, "minor": minor, "access": "rwm"});
+    let rule =
+        |major: i64, minor: i64| json!({"allow": true, "type": "c", "major": major, "minor": minor, "access": "rwm"});
     let mut spec: Spec = serde_json::from_value(json!({
         "ociVersion": "1.1.0",
         "process": {"user": {"uid": 0, "gid": 0}, "cwd": "/", "args": ["nvidia-smi"],
@@ -504,18 +468,11 @@ fn fallback_discovery_without_cdi_spec() {
         assert_eq!(got.devices, names, "{value}");
         assert_eq!(injected(&spec), Some(names.join(",")));
         assert!(got.spec_files.is_empty());
-        assert!(matches!(
-            got.sources[0].resolution,
-            Resolution::Fallback { .. }
-        ));
+        assert!(matches!(got.sources[0].resolution, Resolution::Fallback { .. }));
         assert_eq!(got.sources[0].origin, Origin::Env);
         let r = rules(&spec);
         assert_eq!(r.len(), 1 + want.len());
-        assert!(
-            r.contains(&allow(508, 0))
-                && r.contains(&allow(509, 2))
-                && r.contains(&allow(195, 255))
-        );
+        assert!(r.contains(&allow(508, 0)) && r.contains(&allow(509, 2)) && r.contains(&allow(195, 255)));
         // the env is left alone: no CDI marker without CDI
         assert_eq!(env_of(&spec)[1], format!("NVIDIA_VISIBLE_DEVICES={value}"));
         let once = spec.clone();
@@ -527,13 +484,9 @@ fn fallback_discovery_without_cdi_spec() {
     let uuid = fake_gpu_uuid(0);
     let mut spec = engine_spec(&[&format!("NVIDIA_VISIBLE_DEVICES={uuid}")], &[]);
     let before = spec.clone();
-    let msg = inject(&mut spec, &host.cfg(), false)
-        .unwrap_err()
-        .to_string();
+    let msg = inject(&mut spec, &host.cfg(), false).unwrap_err().to_string();
     assert!(
-        msg.contains(&uuid)
-            && msg.contains("nvidia-ctk")
-            && msg.contains(&host.run.display().to_string()),
+        msg.contains(&uuid) && msg.contains("nvidia-ctk") && msg.contains(&host.run.display().to_string()),
         "{msg}"
     );
     assert_eq!(spec, before);
@@ -545,8 +498,7 @@ fn fallback_discovery_without_cdi_spec() {
     let msg = err.to_string();
     assert!(matches!(err, DeviceError::NodeMissing { .. }));
     assert!(
-        msg.contains(&host.dev.join("nvidia7").display().to_string())
-            && msg.contains("nvidia.com/gpu=7"),
+        msg.contains(&host.dev.join("nvidia7").display().to_string()) && msg.contains("nvidia.com/gpu=7"),
         "{msg}"
     );
     assert_eq!(spec, before, "untouched on error");
@@ -563,8 +515,7 @@ fn fallback_all_without_gpus_fails_clearly() {
     let mut spec = engine_spec(&["NVIDIA_VISIBLE_DEVICES=all"], &[]);
     let msg = inject(&mut spec, &cfg, false).unwrap_err().to_string();
     assert!(
-        msg.contains("nvidia.com/gpu=all")
-            && msg.contains(&dir.path().join("dev").display().to_string()),
+        msg.contains("nvidia.com/gpu=all") && msg.contains(&dir.path().join("dev").display().to_string()),
         "{msg}"
     );
 }
@@ -581,11 +532,7 @@ fn env_selection_policy() {
     let mut spec = engine_spec(&["NVIDIA_VISIBLE_DEVICES=0"], &[]);
     let before = spec.clone();
     let got = inject(&mut spec, &off, false).unwrap();
-    assert!(
-        got.is_empty()
-            && got.warnings.len() == 1
-            && got.warnings[0].contains("nvidia_visible_devices")
-    );
+    assert!(got.is_empty() && got.warnings.len() == 1 && got.warnings[0].contains("nvidia_visible_devices"));
     assert_eq!(spec, before);
     // privileged containers are honoured regardless
     let got = inject(&mut spec, &off, true).unwrap();
@@ -618,13 +565,7 @@ fn policy_denials_through_inject() {
             "nvidia.com/gpu=0",
             Some("devices.allow_annotations"),
         ),
-        (
-            &no_all,
-            false,
-            "",
-            "nvidia.com/gpu=all",
-            Some("devices.allow_all"),
-        ),
+        (&no_all, false, "", "nvidia.com/gpu=all", Some("devices.allow_all")),
         (
             &no_all,
             false,
@@ -640,13 +581,7 @@ fn policy_denials_through_inject() {
             Some("devices.privileged_all_devices"),
         ),
         (&priv_all, true, "NVIDIA_VISIBLE_DEVICES=all", "", None),
-        (
-            &priv_all,
-            false,
-            "",
-            "nvidia.com/gpu=all",
-            Some("devices.allow_all"),
-        ),
+        (&priv_all, false, "", "nvidia.com/gpu=all", Some("devices.allow_all")),
         (&no_all, false, "NVIDIA_VISIBLE_DEVICES=0", "", None),
     ] {
         let env: Vec<&str> = if env.is_empty() { vec![] } else { vec![env] };
@@ -682,9 +617,7 @@ fn errors_name_devices_and_paths() {
 
     // unknown device: device, the kind's spec file, the directories
     let mut spec = engine_spec(&[], &[("gantry.dev/devices", "nvidia.com/gpu=3")]);
-    let msg = inject(&mut spec, &host.cfg(), false)
-        .unwrap_err()
-        .to_string();
+    let msg = inject(&mut spec, &host.cfg(), false).unwrap_err().to_string();
     for needle in [
         "nvidia.com/gpu=3",
         &spec_file.display().to_string(),
@@ -702,8 +635,7 @@ fn errors_name_devices_and_paths() {
     let msg = err.to_string();
     assert!(matches!(err, DeviceError::NodeMissing { .. }));
     assert!(
-        msg.contains(&host.dev.join("nvidia-uvm-tools").display().to_string())
-            && msg.contains("nvidia.com/gpu=0"),
+        msg.contains(&host.dev.join("nvidia-uvm-tools").display().to_string()) && msg.contains("nvidia.com/gpu=0"),
         "{msg}"
     );
     assert_eq!(spec, before, "untouched on error");
@@ -717,16 +649,13 @@ fn errors_name_devices_and_paths() {
     let err = inject(&mut spec, &host.cfg(), false).unwrap_err();
     let msg = err.to_string();
     assert!(
-        matches!(err, DeviceError::MalformedSpec { .. })
-            && msg.contains(&bad.display().to_string()),
+        matches!(err, DeviceError::MalformedSpec { .. }) && msg.contains(&bad.display().to_string()),
         "{msg}"
     );
     let mut spec = engine_spec(&[], &[("gantry.dev/devices", "nvidia.com/gpu=0")]);
     let got = inject(&mut spec, &host.cfg(), false).unwrap();
     assert!(
-        got.warnings
-            .iter()
-            .any(|w| w.contains(&bad.display().to_string())),
+        got.warnings.iter().any(|w| w.contains(&bad.display().to_string())),
         "{:?}",
         got.warnings
     );
@@ -751,13 +680,8 @@ fn errors_name_devices_and_paths() {
 
     // bad request syntax
     let mut spec = engine_spec(&[], &[("cdi.k8s.io/x", "gpu0")]);
-    let msg = inject(&mut spec, &host.cfg(), false)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        msg.contains("gpu0") && msg.contains("cdi.k8s.io/x"),
-        "{msg}"
-    );
+    let msg = inject(&mut spec, &host.cfg(), false).unwrap_err().to_string();
+    assert!(msg.contains("gpu0") && msg.contains("cdi.k8s.io/x"), "{msg}");
     let _ = &host.root;
 }
 
@@ -791,27 +715,12 @@ devices:
     assert_eq!(got.sources[0].origin, Origin::Config);
     assert_eq!(
         rules(&spec)[1],
-        (
-            true,
-            Some(LinuxDeviceType::C),
-            Some(240),
-            Some(3),
-            Some("rw".into())
-        )
+        (true, Some(LinuxDeviceType::C), Some(240), Some(3), Some("rw".into()))
     );
     let p = spec.process().as_ref().unwrap();
     assert_eq!(p.user().additional_gids().clone().unwrap(), [44]);
     assert!(env_of(&spec).contains(&"ACCEL_VISIBLE=0".to_string()));
-    assert_eq!(
-        spec.hooks()
-            .as_ref()
-            .unwrap()
-            .poststop()
-            .as_ref()
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(spec.hooks().as_ref().unwrap().poststop().as_ref().unwrap().len(), 1);
     let once = spec.clone();
     inject(&mut spec, &cfg, false).unwrap();
     assert_eq!(spec, once);
@@ -833,9 +742,6 @@ fn privileged_heuristic() {
         "CAP_SYS_RAWIO"
     ])));
     assert!(!is_privileged(&caps(&["CAP_SYS_ADMIN", "CAP_SYS_RAWIO"])));
-    assert!(!is_privileged(&caps(&[
-        "CAP_CHOWN",
-        "CAP_NET_BIND_SERVICE"
-    ])));
+    assert!(!is_privileged(&caps(&["CAP_CHOWN", "CAP_NET_BIND_SERVICE"])));
     assert!(!is_privileged(&engine_spec(&[], &[])));
 }

@@ -1,8 +1,10 @@
 //! Container stdio. FIFOs and files are handed to the OCI runtime directly, so the container
 //! writes straight into the engine's FIFO with no copy in between; the shim keeps a read handle
-//! on each output FIFO (a restarting reader never SIGPIPEs the container) and a write handle on
-//! stdin (the container sees EOF only after CloseIO). A terminal goes through a console socket:
-//! the runtime sends the pty master and the shim copies between it and the FIFOs.
+//! on each output FIFO (a restarting reader never SIGPIPEs the container). Stdin's FIFO is
+//! handed over as well: the container sees EOF when the client closes its write side, as with
+//! the runc shim. A terminal goes through a console socket: the runtime sends the pty master
+//! and the shim copies between it and the FIFOs (there a shim-held writer keeps the copy alive
+//! until CloseIO).
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -20,7 +22,10 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::task::JoinHandle;
 
+use crate::reaper::Reaper;
 use crate::runtime::ProcessStdio;
+
+pub mod binary;
 
 #[derive(Debug, Error)]
 pub enum IoError {
@@ -33,10 +38,7 @@ pub enum IoError {
     #[error("unsupported stdio URI {0:?} (use a FIFO path, file:// or binary://)")]
     Scheme(String),
     #[error("console socket {path:?}: {source}")]
-    Console {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Console { path: PathBuf, source: std::io::Error },
     #[error("resize pty: {0}")]
     Resize(nix::Error),
 }
@@ -118,10 +120,7 @@ fn is_fifo(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-fn open_err<'a>(
-    which: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(std::io::Error) -> IoError + 'a {
+fn open_err<'a>(which: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> IoError + 'a {
     move |source| IoError::Open {
         which,
         path: path.display().to_string(),
@@ -149,10 +148,7 @@ fn open_output_fifo(which: &'static str, path: &Path) -> Result<(OwnedFd, OwnedF
     Ok((w.into(), keep.into()))
 }
 
-fn open_output(
-    which: &'static str,
-    target: &Target,
-) -> Result<(Option<OwnedFd>, Option<OwnedFd>), IoError> {
+fn open_output(which: &'static str, target: &Target) -> Result<(Option<OwnedFd>, Option<OwnedFd>), IoError> {
     match target {
         Target::None => Ok((None, None)),
         Target::Path(p) if is_fifo(p) => {
@@ -205,6 +201,14 @@ pub struct ProcessIo {
     stdin_keeper: Mutex<Option<OwnedFd>>,
     console: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
     copies: Mutex<Vec<JoinHandle<()>>>,
+    logger: Option<binary::BinaryLogger>,
+}
+
+/// Who a process's stdio belongs to (binary loggers are told).
+pub struct Owner<'a> {
+    pub id: &'a str,
+    pub namespace: &'a str,
+    pub reaper: &'a Reaper,
 }
 
 /// Prepared stdio: what to give the runtime, and what the shim keeps.
@@ -216,7 +220,7 @@ pub struct Prepared {
 
 /// Opens the process's stdio. With a terminal, nothing is opened yet: a console socket is
 /// bound in `console_dir` and the copies start once the runtime has sent the pty master.
-pub fn prepare(paths: &StdioPaths, console_dir: &Path) -> Result<Prepared, IoError> {
+pub async fn prepare(paths: &StdioPaths, console_dir: &Path, owner: &Owner<'_>) -> Result<Prepared, IoError> {
     if paths.terminal {
         let console = ConsoleSocket::bind(console_dir)?;
         return Ok(Prepared {
@@ -226,20 +230,31 @@ pub fn prepare(paths: &StdioPaths, console_dir: &Path) -> Result<Prepared, IoErr
         });
     }
     let mut keepers = Vec::new();
-    let (stdin, stdin_keeper) = open_stdin(&paths.stdin)?;
-    let (stdout, k) = open_output("stdout", &parse_target(&paths.stdout)?)?;
-    keepers.extend(k);
-    let (stderr, k) = open_output("stderr", &parse_target(&paths.stderr)?)?;
-    keepers.extend(k);
+    // No shim-held writer here: the client's close is the container's EOF.
+    let (stdin, _) = open_stdin(&paths.stdin)?;
+    let stdin_keeper = None;
+    let (out_target, err_target) = (parse_target(&paths.stdout)?, parse_target(&paths.stderr)?);
+    let mut logger = None;
+    let (stdout, stderr) = match (&out_target, &err_target) {
+        (Target::Binary { path, args }, _) | (_, Target::Binary { path, args }) => {
+            let (l, out, err) = binary::spawn(path, args, owner.id, owner.namespace, owner.reaper).await?;
+            logger = Some(l);
+            (Some(out), Some(err))
+        }
+        _ => {
+            let (stdout, k) = open_output("stdout", &out_target)?;
+            keepers.extend(k);
+            let (stderr, k) = open_output("stderr", &err_target)?;
+            keepers.extend(k);
+            (stdout, stderr)
+        }
+    };
     Ok(Prepared {
-        stdio: ProcessStdio {
-            stdin,
-            stdout,
-            stderr,
-        },
+        stdio: ProcessStdio { stdin, stdout, stderr },
         io: Arc::new(ProcessIo {
             keepers,
             stdin_keeper: Mutex::new(stdin_keeper),
+            logger,
             ..Default::default()
         }),
         console: None,
@@ -250,20 +265,15 @@ impl ProcessIo {
     /// CloseIO(stdin): drops the shim's write side so the process sees EOF once the client
     /// closes its own.
     pub fn close_stdin(&self) {
-        self.stdin_keeper
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        self.stdin_keeper.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
     /// Starts copying between the pty master and the client's FIFOs.
     pub fn attach_console(&self, master: OwnedFd, paths: &StdioPaths) -> Result<(), IoError> {
-        nix::fcntl::fcntl(master.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(
-            |e| IoError::Console {
-                path: PathBuf::new(),
-                source: e.into(),
-            },
-        )?;
+        nix::fcntl::fcntl(master.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(|e| IoError::Console {
+            path: PathBuf::new(),
+            source: e.into(),
+        })?;
         // SAFETY: the OwnedFd stays inside the AsyncFd (always the same open descriptor).
         let master = unsafe { AsyncFd::register(master) }.map_err(|e| IoError::Console {
             path: PathBuf::new(),
@@ -277,16 +287,12 @@ impl ProcessIo {
                 (w, Some(keep))
             } else {
                 let (w, _) = open_output("stdout", &Target::File(p.clone()))?;
-                (
-                    w.ok_or_else(|| IoError::Scheme(paths.stdout.clone()))?,
-                    None,
-                )
+                (w.ok_or_else(|| IoError::Scheme(paths.stdout.clone()))?, None)
             };
             // The keeper stays with the copy task; the copy ends when the pty hangs up.
             let mut pty = PtyStream(master.clone());
             if keep.is_some() {
-                let mut out = tokio::net::unix::pipe::Sender::from_owned_fd(w)
-                    .map_err(open_err("stdout", &p))?;
+                let mut out = tokio::net::unix::pipe::Sender::from_owned_fd(w).map_err(open_err("stdout", &p))?;
                 copies.push(tokio::spawn(async move {
                     let _keep = keep;
                     let _ = tokio::io::copy(&mut pty, &mut out).await;
@@ -303,8 +309,7 @@ impl ProcessIo {
             let (r, keeper) = open_stdin(&paths.stdin)?;
             if let Some(r) = r {
                 let _ = nix::fcntl::fcntl(r.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
-                let mut input = tokio::net::unix::pipe::Receiver::from_owned_fd(r)
-                    .map_err(open_err("stdin", &p))?;
+                let mut input = tokio::net::unix::pipe::Receiver::from_owned_fd(r).map_err(open_err("stdin", &p))?;
                 let mut pty = PtyStream(master.clone());
                 copies.push(tokio::spawn(async move {
                     let _ = tokio::io::copy(&mut input, &mut pty).await;
@@ -313,10 +318,7 @@ impl ProcessIo {
             *self.stdin_keeper.lock().unwrap_or_else(|e| e.into_inner()) = keeper;
         }
         *self.console.lock().unwrap_or_else(|e| e.into_inner()) = Some(master);
-        self.copies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(copies);
+        self.copies.lock().unwrap_or_else(|e| e.into_inner()).extend(copies);
         Ok(())
     }
 
@@ -346,8 +348,7 @@ impl ProcessIo {
     /// Waits (bounded) for the terminal output copy to drain after the process exited, so the
     /// client has all output before it learns of the exit.
     pub async fn drain(&self, timeout: Duration) {
-        let copies: Vec<_> =
-            std::mem::take(&mut *self.copies.lock().unwrap_or_else(|e| e.into_inner()));
+        let copies: Vec<_> = std::mem::take(&mut *self.copies.lock().unwrap_or_else(|e| e.into_inner()));
         let mut pending = Vec::new();
         for (i, c) in copies.into_iter().enumerate() {
             // The first copy is the output one; stdin copies are cancelled.
@@ -365,19 +366,19 @@ impl ProcessIo {
         }
     }
 
-    /// Releases every handle (Delete).
+    /// Releases every handle and stops a binary logger (Delete).
+    pub async fn shutdown(&self) {
+        self.close();
+        if let Some(l) = &self.logger {
+            l.stop().await;
+        }
+    }
+
+    /// Releases every handle.
     pub fn close(&self) {
         self.close_stdin();
-        self.console
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        for c in self
-            .copies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
+        self.console.lock().unwrap_or_else(|e| e.into_inner()).take();
+        for c in self.copies.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             c.abort();
         }
     }
@@ -392,11 +393,7 @@ impl ProcessIo {
 struct PtyStream(Arc<AsyncFd<OwnedFd>>);
 
 impl AsyncRead for PtyStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         loop {
             let mut guard = match self.0.poll_read_ready(cx) {
                 Poll::Ready(Ok(g)) => g,
@@ -404,9 +401,7 @@ impl AsyncRead for PtyStream {
                 Poll::Pending => return Poll::Pending,
             };
             let unfilled = buf.initialize_unfilled();
-            match guard.try_io(|fd| {
-                nix::unistd::read(fd.as_raw_fd(), unfilled).map_err(std::io::Error::from)
-            }) {
+            match guard.try_io(|fd| nix::unistd::read(fd.as_raw_fd(), unfilled).map_err(std::io::Error::from)) {
                 Ok(Ok(n)) => {
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
@@ -420,20 +415,14 @@ impl AsyncRead for PtyStream {
 }
 
 impl AsyncWrite for PtyStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
         loop {
             let mut guard = match self.0.poll_write_ready(cx) {
                 Poll::Ready(Ok(g)) => g,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
             };
-            match guard
-                .try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(std::io::Error::from))
-            {
+            match guard.try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(std::io::Error::from)) {
                 Ok(r) => return Poll::Ready(r),
                 Err(_would_block) => continue,
             }
@@ -478,9 +467,7 @@ impl ConsoleSocket {
         let (stream, _) = self.listener.accept().await.map_err(err)?;
         loop {
             stream.readable().await.map_err(err)?;
-            match stream.try_io(tokio::io::Interest::READABLE, || {
-                recv_fd(stream.as_raw_fd())
-            }) {
+            match stream.try_io(tokio::io::Interest::READABLE, || recv_fd(stream.as_raw_fd())) {
                 Ok(fd) => return Ok(fd),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(err(e)),
@@ -541,8 +528,8 @@ mod tests {
         assert!(parse_target("tcp://1.2.3.4").is_err());
     }
 
-    #[test]
-    fn fifo_output_does_not_block_without_reader_and_keeps_reader() {
+    #[tokio::test]
+    async fn fifo_output_does_not_block_without_reader_and_keeps_reader() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("out");
         nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
@@ -550,7 +537,13 @@ mod tests {
             stdout: p.display().to_string(),
             ..Default::default()
         };
-        let prep = prepare(&paths, dir.path()).unwrap();
+        let reaper = Reaper::default();
+        let owner = Owner {
+            id: "c",
+            namespace: "ns",
+            reaper: &reaper,
+        };
+        let prep = prepare(&paths, dir.path(), &owner).await.unwrap();
         assert!(prep.stdio.stdout.is_some());
         assert_eq!(prep.io.keeper_count(), 1);
         // Writing works with no external reader: the shim's keeper absorbs SIGPIPE risk.

@@ -1,0 +1,380 @@
+//! The rest of the Task API through real engines: exec (with and without a terminal, with
+//! stdin), pause/resume, update, IO schemes, stalled readers, checkpoint.
+
+use std::io::Write;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use containerd_shim_protos::api::{
+    CheckpointTaskRequest, DeleteRequest, KillRequest, ShutdownRequest, StartRequest, UpdateTaskRequest, WaitRequest,
+};
+use protobuf::well_known_types::any::Any;
+
+use crate::common::{
+    assert_clean, code, crio_bundle, crio_start, ctx, env, message, open_fifo_reader, task_client, text, wait_until,
+    IMAGE, RUNTIME,
+};
+
+#[test]
+fn exec_with_and_without_terminal_and_stdin() {
+    let env = env();
+    let ns = env.namespace("exec");
+    let o = env.ctr_run_detached(&ns, "box", &[], &["sleep", "1000"]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    let o = env.ctr(
+        &ns.name,
+        &[
+            "task",
+            "exec",
+            "--exec-id",
+            "e1",
+            "box",
+            "sh",
+            "-c",
+            "echo exec-out; exit 5",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "exec-out");
+
+    // stdin reaches the exec, and closing it (CloseIO) ends `cat`.
+    let mut child = env
+        .ctr_cmd(&ns.name)
+        .args(["task", "exec", "--exec-id", "e2", "box", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"through stdin\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "through stdin");
+
+    // A terminal: `script` gives ctr the tty it insists on; the exec sees a tty.
+    let ctr_line = format!(
+        "ctr --address {} -n {} task exec -t --exec-id e3 box sh -c 'test -t 0 && echo is-a-tty; exit 4'",
+        env.ctr_sock.display(),
+        ns.name
+    );
+    let o = crate::common::run(std::process::Command::new("script").args(["-qec", &ctr_line, "/dev/null"]));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("is-a-tty"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+
+    // A command that does not exist fails fast with the runtime's own message.
+    let t = Instant::now();
+    let o = env.ctr(&ns.name, &["task", "exec", "--exec-id", "e4", "box", "/no/such/binary"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("/no/such/binary"), "{}", text(&o));
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "failed exec took {:?}",
+        t.elapsed()
+    );
+
+    // A duplicate exec id is refused while the first is alive.
+    let mut long = env
+        .ctr_cmd(&ns.name)
+        .args(["task", "exec", "--exec-id", "dup", "box", "sleep", "30"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let listed = wait_until(Duration::from_secs(10), || {
+        String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ps", "box"]).stdout)
+            .lines()
+            .count()
+            >= 3
+    });
+    assert!(listed, "exec never showed in task ps");
+    let o = env.ctr(&ns.name, &["task", "exec", "--exec-id", "dup", "box", "true"]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("already exists"),
+        "{}",
+        text(&o)
+    );
+    let _ = long.kill();
+    let _ = long.wait();
+
+    let o = env.ctr(&ns.name, &["task", "kill", "-s", "SIGKILL", "box"]);
+    assert!(o.status.success(), "{}", text(&o));
+    wait_until(Duration::from_secs(10), || {
+        String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).contains("STOPPED")
+    });
+    // Once init is gone, new execs are refused.
+    let o = env.ctr(&ns.name, &["task", "exec", "--exec-id", "late", "box", "true"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(env.ctr(&ns.name, &["task", "delete", "box"]).status.success());
+    assert!(env.ctr(&ns.name, &["container", "delete", "box"]).status.success());
+    assert_clean(env, &ns);
+}
+
+#[test]
+fn pause_and_resume() {
+    let env = env();
+    let ns = env.namespace("pause");
+    let o = env.ctr_run_detached(&ns, "p", &[], &["sleep", "1000"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut events = env
+        .ctr_cmd(&ns.name)
+        .arg("events")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(env.ctr(&ns.name, &["task", "pause", "p"]).status.success());
+    let ls = String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).into_owned();
+    assert!(ls.contains("PAUSED"), "{ls}");
+    let freezer = format!("/sys/fs/cgroup/freezer/{}/p/freezer.state", ns.name);
+    assert_eq!(std::fs::read_to_string(&freezer).unwrap().trim(), "FROZEN");
+    assert!(env.ctr(&ns.name, &["task", "resume", "p"]).status.success());
+    let ls = String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).into_owned();
+    assert!(ls.contains("RUNNING"), "{ls}");
+    assert_eq!(std::fs::read_to_string(&freezer).unwrap().trim(), "THAWED");
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = events.kill();
+    let out = events.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&out.stdout);
+    let paused = out.find("/tasks/paused").expect("no /tasks/paused event");
+    let resumed = out.find("/tasks/resumed").expect("no /tasks/resumed event");
+    assert!(paused < resumed, "{out}");
+    assert!(env
+        .ctr(&ns.name, &["task", "kill", "-s", "SIGKILL", "p"])
+        .status
+        .success());
+    wait_until(Duration::from_secs(10), || {
+        String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).contains("STOPPED")
+    });
+    assert!(env.ctr(&ns.name, &["task", "delete", "p"]).status.success());
+    assert!(env.ctr(&ns.name, &["container", "delete", "p"]).status.success());
+    assert_clean(env, &ns);
+}
+
+#[test]
+fn binary_and_file_log_uris() {
+    let env = env();
+    let ns = env.namespace("logs");
+    // A logger in containerd's protocol: stdout on fd 3, stderr on fd 4, ready by closing fd 5.
+    let out_dir = ns.dir.join("logger-out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let logger = ns.dir.join("logger.sh");
+    std::fs::write(
+        &logger,
+        format!(
+            "#!/bin/sh\nd={}\necho \"$CONTAINER_NAMESPACE $*\" > $d/$CONTAINER_ID.meta\n\
+             cat <&3 > $d/$CONTAINER_ID.out 5>&- &\ncat <&4 > $d/$CONTAINER_ID.err 5>&- &\nexec 5>&-\nwait\n",
+            out_dir.display()
+        ),
+    )
+    .unwrap();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut std::fs::metadata(&logger).unwrap().permissions(), 0o755);
+    std::fs::set_permissions(&logger, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let uri = format!("binary://{}?tag=x", logger.display());
+    let o = env.ctr_run(
+        &ns,
+        "bin",
+        &["--log-uri", &uri],
+        &["sh", "-c", "echo to-logger; echo err-to-logger >&2"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let got = wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(out_dir.join("bin.out"))
+            .unwrap_or_default()
+            .contains("to-logger")
+    });
+    assert!(got, "logger got no stdout");
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("bin.err")).unwrap().trim(),
+        "err-to-logger"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("bin.meta")).unwrap().trim(),
+        format!("{} tag x", ns.name)
+    );
+
+    // file:// appends.
+    let log = ns.dir.join("file.log");
+    std::fs::write(&log, "existing line\n").unwrap();
+    let uri = format!("file://{}", log.display());
+    let o = env.ctr_run(&ns, "file", &["--log-uri", &uri], &["echo", "appended line"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "existing line\nappended line\n");
+    assert_clean(env, &ns);
+}
+
+#[test]
+fn stalled_stdout_reader_never_blocks_kill_or_delete() {
+    let env = env();
+    let ns = env.namespace("stall");
+    // `ctr run -d` goes away right after start: nobody reads stdout any more.
+    let o = env.ctr_run_detached(
+        &ns,
+        "noisy",
+        &[],
+        &[
+            "sh",
+            "-c",
+            "while true; do echo aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa; done",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    assert!(env
+        .ctr(&ns.name, &["task", "kill", "-s", "SIGKILL", "noisy"])
+        .status
+        .success());
+    let stopped = wait_until(Duration::from_secs(10), || {
+        String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).contains("STOPPED")
+    });
+    assert!(stopped);
+    let o = env.ctr(&ns.name, &["task", "delete", "noisy"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "kill+delete took {:?}",
+        t.elapsed()
+    );
+    assert!(env.ctr(&ns.name, &["container", "delete", "noisy"]).status.success());
+    assert_clean(env, &ns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_changes_live_limits_and_checkpoint_says_why_not() {
+    let env = env();
+    let ns = env.namespace("update");
+    let b = crio_bundle(&ns, "upd", "upd", &["sleep", "1000"], |_| {});
+    let o = crio_start(&ns, &b.dir, "upd", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+    let req = containerd_shim_protos::api::CreateTaskRequest {
+        id: "upd".into(),
+        bundle: b.dir.to_str().unwrap().into(),
+        stdout: b.stdout.to_str().unwrap().into(),
+        ..Default::default()
+    };
+    client.create(ctx(), &req).await.unwrap();
+    client
+        .start(
+            ctx(),
+            &StartRequest {
+                id: "upd".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    let resources = serde_json::json!({
+        "memory": {"limit": 64 * 1024 * 1024},
+        "cpu": {"shares": 512, "quota": 50000, "period": 100000, "cpus": "0"},
+        "pids": {"limit": 77}
+    });
+    let mut any = Any::new();
+    any.type_url = "opencontainers/runtime-spec/1/LinuxResources".into();
+    any.value = serde_json::to_vec(&resources).unwrap();
+    let upd = UpdateTaskRequest {
+        id: "upd".into(),
+        resources: protobuf::MessageField::some(any),
+        ..Default::default()
+    };
+    client.update(ctx(), &upd).await.unwrap();
+    let cg = |ctl: &str, file: &str| {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{ctl}/{}/upd/{file}", ns.name))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(cg("memory", "memory.limit_in_bytes"), (64 * 1024 * 1024).to_string());
+    assert_eq!(cg("cpu", "cpu.shares"), "512");
+    assert_eq!(cg("cpu", "cpu.cfs_quota_us"), "50000");
+    assert_eq!(cg("cpu", "cpu.cfs_period_us"), "100000");
+    assert_eq!(cg("cpuset", "cpuset.cpus"), "0");
+    assert_eq!(cg("pids", "pids.max"), "77");
+
+    // Malformed resources are INVALID_ARGUMENT.
+    let mut bad = Any::new();
+    bad.value = b"{not json".to_vec();
+    let upd = UpdateTaskRequest {
+        id: "upd".into(),
+        resources: protobuf::MessageField::some(bad),
+        ..Default::default()
+    };
+    let e = client.update(ctx(), &upd).await.unwrap_err();
+    assert_eq!(code(&e), ttrpc::Code::INVALID_ARGUMENT, "{}", message(&e));
+
+    // Checkpoint: real when CRIU works here, otherwise UNIMPLEMENTED saying why.
+    let criu_ok = std::process::Command::new("criu")
+        .arg("check")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    let image = ns.dir.join("checkpoint");
+    let ck = CheckpointTaskRequest {
+        id: "upd".into(),
+        path: image.to_str().unwrap().into(),
+        ..Default::default()
+    };
+    match client.checkpoint(ctx(), &ck).await {
+        Ok(_) => {
+            assert!(criu_ok);
+            assert!(image.join("inventory.img").exists());
+        }
+        Err(e) => {
+            assert!(!criu_ok, "checkpoint failed although criu works: {}", message(&e));
+            assert_eq!(code(&e), ttrpc::Code::UNIMPLEMENTED, "{}", message(&e));
+            assert!(message(&e).contains("criu check"), "{}", message(&e));
+        }
+    }
+
+    client
+        .kill(
+            ctx(),
+            &KillRequest {
+                id: "upd".into(),
+                signal: 9,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    client
+        .wait(
+            ctx(),
+            &WaitRequest {
+                id: "upd".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    client
+        .delete(
+            ctx(),
+            &DeleteRequest {
+                id: "upd".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    client
+        .shutdown(
+            ctx(),
+            &ShutdownRequest {
+                id: "upd".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_clean(env, &ns);
+}
+
+#[allow(dead_code)]
+fn _unused() -> (&'static str, &'static str) {
+    (IMAGE, RUNTIME)
+}
