@@ -192,3 +192,27 @@ fn killed_daemon_is_cleaned_up_through_delete() {
     assert!(gone, "container process {init_pid} survived");
     assert_clean(env, &ns);
 }
+
+#[test]
+fn crun_selected_by_config() {
+    let env = env();
+    let ns = env.namespace_with("ctr-crun", "[runtime]\nbinary = \"crun\"\n");
+    let o = env.ctr_run(&ns, "c1", &[], &["sh", "-c", "echo via crun; exit 4"]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "via crun");
+    // The runtime's own state root proves crun (not runc) ran it.
+    let o = env.ctr_run_detached(&ns, "c2", &[], &["sleep", "100"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let crun_state = ns.runtime_root.join(&ns.name).join("c2").join("status");
+    assert!(crun_state.exists(), "no crun state at {}", crun_state.display());
+    assert!(env
+        .ctr(&ns.name, &["task", "kill", "-s", "SIGKILL", "c2"])
+        .status
+        .success());
+    wait_until(Duration::from_secs(10), || {
+        String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).contains("STOPPED")
+    });
+    assert!(env.ctr(&ns.name, &["task", "delete", "c2"]).status.success());
+    assert!(env.ctr(&ns.name, &["container", "delete", "c2"]).status.success());
+    assert_clean(env, &ns);
+}

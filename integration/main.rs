@@ -5,4 +5,5 @@ mod bad_input;
 mod common;
 mod containerd;
 mod crio;
+mod stats_oom;
 mod task_api;

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use slog::{info, o, warn, Logger};
 use thiserror::Error;
 
+use crate::cgroups::{CgroupError, ContainerCgroup};
 use crate::config::{Config, ConfigError};
 use crate::io::{self, IoError, StdioPaths};
 use crate::mount::{self, MountError};
@@ -54,6 +55,8 @@ pub enum TaskError {
     Spec(#[from] SpecError),
     #[error(transparent)]
     Mount(#[from] MountError),
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
     #[error("{0}")]
     Internal(String),
 }
@@ -93,6 +96,12 @@ pub struct Container {
     rootfs_mounted: Option<PathBuf>,
     console_dir: PathBuf,
     reaper: Reaper,
+    /// The container's cgroup, located from init's pid right after create.
+    pub cgroup: Option<ContainerCgroup>,
+    /// OOM kills already reported (TaskOOM published), against the kernel's counter.
+    ooms_reported: std::sync::atomic::AtomicU64,
+    /// Set once any OOM kill hit the container.
+    oom_killed: AtomicBool,
     /// Init's exit, subscribed the moment its pid was known; taken by the exit monitor.
     init_exit: Mutex<Option<tokio::sync::oneshot::Receiver<crate::reaper::Exit>>>,
 }
@@ -229,7 +238,18 @@ impl Container {
         undo.armed = false;
         info!(log, "created"; "pid" => pid, "runtime" => &runtime.binary,
             "config" => config_file.map(|p| p.display().to_string()).unwrap_or_else(|| "defaults".into()));
+        let cgroup = match ContainerCgroup::for_pid(pid) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                warn!(log, "cgroup not found: no stats or OOM events"; "error" => %e);
+                None
+            }
+        };
+        let ooms_baseline = cgroup.as_ref().and_then(|c| c.oom_kills().ok()).unwrap_or(0);
         Ok(Arc::new(Container {
+            cgroup,
+            ooms_reported: std::sync::atomic::AtomicU64::new(ooms_baseline),
+            oom_killed: AtomicBool::new(false),
             init_exit: Mutex::new(Some(init_exit)),
             id: p.id,
             namespace: p.namespace,
@@ -244,6 +264,32 @@ impl Container {
             console_dir: p.console_dir,
             reaper,
         }))
+    }
+
+    /// New OOM kills since the last call, per the kernel's counter (each becomes a TaskOOM).
+    pub fn take_new_ooms(&self) -> u64 {
+        let Some(cg) = &self.cgroup else { return 0 };
+        let Ok(now) = cg.oom_kills() else { return 0 };
+        let before = self.ooms_reported.swap(now, Ordering::SeqCst);
+        let new = now.saturating_sub(before);
+        if new > 0 {
+            self.oom_killed.store(true, Ordering::SeqCst);
+            warn!(self.log, "OOM kill"; "count" => new);
+        }
+        new
+    }
+
+    /// Stats of the container's cgroup as the `Any` engines decode.
+    pub fn stats(&self) -> Result<Any, TaskError> {
+        let cg = self
+            .cgroup
+            .as_ref()
+            .ok_or_else(|| TaskError::Precondition(format!("container {:?} has no cgroup to read", self.id)))?;
+        match cg.metrics_any() {
+            Ok(any) => Ok(any),
+            Err(CgroupError::Gone { .. }) => Err(TaskError::NotFound(format!("cgroup of {:?} is gone", self.id))),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Takes init's exit subscription (once).
@@ -393,6 +439,12 @@ impl Container {
             }
         }
         self.init.io().drain(Duration::from_secs(2)).await;
+        if self.crio && self.oom_killed.load(Ordering::SeqCst) && exit.status != 0 {
+            // CRI-O learns of OOM kills only from this file, which must exist before Wait returns.
+            if let Err(e) = std::fs::write(self.bundle.join("oom"), b"") {
+                warn!(self.log, "cannot write oom marker"; "error" => %e);
+            }
+        }
         let info = ExitInfo {
             pid: exit.pid,
             status: exit.status,

@@ -275,11 +275,7 @@ pub async fn criu_available() -> Result<(), String> {
                 Ok(o) if o.status.success() => Ok(()),
                 Ok(o) => {
                     let text = String::from_utf8_lossy(&o.stderr);
-                    let last = text
-                        .lines()
-                        .filter(|l| !l.trim().is_empty())
-                        .last()
-                        .unwrap_or("no output");
+                    let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("no output");
                     Err(format!(
                         "checkpoint needs CRIU, and `criu check` fails on this host: {}",
                         last.trim()

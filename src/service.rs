@@ -15,12 +15,12 @@ use containerd_shim_protos::api::{
     Status as ApiStatus, WaitRequest, WaitResponse,
 };
 use containerd_shim_protos::events::task::{
-    TaskCheckpointed, TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskPaused, TaskResumed,
-    TaskStart,
+    TaskCheckpointed, TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskOOM, TaskPaused,
+    TaskResumed, TaskStart,
 };
 use containerd_shim_protos::protobuf::well_known_types::empty::Empty;
 use containerd_shim_protos::shim_async::Task;
-use slog::{debug, info, o, warn, Logger};
+use slog::{debug, info, warn, Logger};
 use tokio::sync::Notify;
 use ttrpc::r#async::TtrpcContext;
 
@@ -42,7 +42,7 @@ pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
         TaskError::Unimplemented(_) => Code::UNIMPLEMENTED,
         TaskError::Runtime(r) if r.is_not_found() => Code::NOT_FOUND,
         TaskError::Runtime(_) => Code::UNKNOWN,
-        TaskError::Io(_) | TaskError::Mount(_) | TaskError::Internal(_) => Code::INTERNAL,
+        TaskError::Io(_) | TaskError::Mount(_) | TaskError::Cgroup(_) | TaskError::Internal(_) => Code::INTERNAL,
     };
     ttrpc::Error::RpcStatus(ttrpc::get_status(code, e.to_string()))
 }
@@ -160,14 +160,43 @@ impl TaskService {
         })
     }
 
-    /// Publishes init's exit once it is reaped (and its execs' exits are out).
+    /// Publishes init's exit once it is reaped (and its execs' exits are out), preceded by
+    /// TaskOOM for every OOM kill the kernel counted.
     fn monitor_init(&self, c: Arc<Container>) {
+        self.monitor_oom(c.clone());
         let Some(rx) = c.take_init_exit() else { return };
         let publisher = self.publisher.clone();
         tokio::spawn(async move {
             let Ok(exit) = rx.await else { return };
+            publish_ooms(&publisher, &c);
             let info = c.init_exited(exit).await;
             publisher.publish(exit_event(&c.id, &c.id, info));
+        });
+    }
+
+    /// Arms the OOM watcher right after create; it lives until init exits.
+    fn monitor_oom(&self, c: Arc<Container>) {
+        let Some(cg) = &c.cgroup else { return };
+        let mut watcher = match cg.oom_watcher() {
+            Ok(w) => w,
+            Err(e) => {
+                debug!(c.log, "no OOM watcher"; "error" => %e);
+                return;
+            }
+        };
+        let publisher = self.publisher.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    fired = watcher.next() => {
+                        if fired.is_none() {
+                            break;
+                        }
+                        publish_ooms(&publisher, &c);
+                    }
+                    _ = c.init.wait() => break,
+                }
+            }
         });
     }
 
@@ -292,6 +321,15 @@ impl TaskService {
     }
 }
 
+fn publish_ooms(publisher: &Publisher, c: &Container) {
+    for _ in 0..c.take_new_ooms() {
+        publisher.publish(Event::Oom(TaskOOM {
+            container_id: c.id.clone(),
+            ..Default::default()
+        }));
+    }
+}
+
 fn exit_event(container_id: &str, id: &str, info: ExitInfo) -> Event {
     Event::Exit(TaskExit {
         container_id: container_id.to_string(),
@@ -301,10 +339,6 @@ fn exit_event(container_id: &str, id: &str, info: ExitInfo) -> Event {
         exited_at: ts_field(Some(info.at)),
         ..Default::default()
     })
-}
-
-fn unimplemented(rpc: &str) -> ttrpc::Error {
-    to_ttrpc(&TaskError::Unimplemented(format!("{rpc} is not implemented by gantry")))
 }
 
 /// The ttrpc-facing wrapper (the generated trait wants `Arc<dyn Task>`).
@@ -441,8 +475,12 @@ impl Task for Service {
     }
 
     async fn stats(&self, _: &TtrpcContext, req: StatsRequest) -> TResult<StatsResponse> {
-        self.0.get(&req.id).map_err(|e| self.0.fail("stats", &req.id, e))?;
-        Err(unimplemented("Stats"))
+        let c = self.0.get(&req.id).map_err(|e| self.0.fail("stats", &req.id, e))?;
+        let stats = c.stats().map_err(|e| self.0.fail("stats", &req.id, e))?;
+        Ok(StatsResponse {
+            stats: protobuf::MessageField::some(stats),
+            ..Default::default()
+        })
     }
 
     async fn checkpoint(&self, _: &TtrpcContext, req: CheckpointTaskRequest) -> TResult<Empty> {
@@ -450,8 +488,12 @@ impl Task for Service {
         let opts = req
             .options
             .as_ref()
-            .and_then(|a| protobuf::Message::parse_from_bytes(&a.value).ok())
-            .unwrap_or_else(containerd_shim_protos::shim::oci::CheckpointOptions::new);
+            .and_then(|a| {
+                protobuf::Message::parse_from_bytes(&a.value)
+                    .ok()
+                    .map(|o: containerd_shim_protos::shim::oci::CheckpointOptions| o)
+            })
+            .unwrap_or_default();
         let image = if opts.image_path.is_empty() {
             req.path.clone()
         } else {
@@ -506,9 +548,4 @@ pub fn services(svc: Service) -> HashMap<String, ttrpc::r#async::Service> {
         all.insert(name.replace(".v3.", ".v2."), service);
     }
     all
-}
-
-#[allow(dead_code)]
-fn _log_child(log: &Logger, id: &str) -> Logger {
-    log.new(o!("id" => id.to_string()))
 }

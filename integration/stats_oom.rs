@@ -1,0 +1,140 @@
+//! Stats (cgroup v1 metrics through `ctr task metrics`) and OOM kills: events for containerd,
+//! the `<bundle>/oom` marker for CRI-O.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use containerd_shim_protos::api::{CreateTaskRequest, DeleteRequest, ShutdownRequest, StartRequest, WaitRequest};
+
+use crate::common::{assert_clean, crio_bundle, crio_start, ctx, env, open_fifo_reader, task_client, text, wait_until};
+
+fn metrics(ns: &str, id: &str) -> serde_json::Value {
+    let o = env().ctr(ns, &["task", "metrics", "--format", "json", id]);
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("metrics json: {e}: {}", text(&o)))
+}
+
+#[test]
+fn metrics_are_v1_and_move_when_the_container_works() {
+    let env = env();
+    let ns = env.namespace("metrics");
+    let o = env.ctr_run_detached(&ns, "busy", &[], &["sh", "-c", "x=0; while true; do x=$((x+1)); done"]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::thread::sleep(Duration::from_millis(500));
+    let m1 = metrics(&ns.name, "busy");
+    std::thread::sleep(Duration::from_millis(1000));
+    let m2 = metrics(&ns.name, "busy");
+    let cpu = |m: &serde_json::Value| m["cpu"]["usage"]["total"].as_u64().unwrap_or(0);
+    let mem = |m: &serde_json::Value| m["memory"]["usage"]["usage"].as_u64().unwrap_or(0);
+    assert!(cpu(&m1) > 0, "{m1}");
+    assert!(mem(&m1) > 0, "{m1}");
+    // CPU time is in nanoseconds: a busy second adds far more than a million.
+    assert!(cpu(&m2) > cpu(&m1) + 100_000_000, "cpu {} -> {}", cpu(&m1), cpu(&m2));
+    assert_eq!(m2["pids"]["current"].as_u64(), Some(1), "{m2}");
+
+    assert!(env
+        .ctr(&ns.name, &["task", "kill", "-s", "SIGKILL", "busy"])
+        .status
+        .success());
+    wait_until(Duration::from_secs(10), || {
+        String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).contains("STOPPED")
+    });
+    assert!(env.ctr(&ns.name, &["task", "delete", "busy"]).status.success());
+    assert!(env.ctr(&ns.name, &["container", "delete", "busy"]).status.success());
+    assert_clean(env, &ns);
+}
+
+const HOG: &[&str] = &["sh", "-c", "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done"];
+
+#[test]
+fn oom_event_comes_before_the_exit() {
+    let env = env();
+    let ns = env.namespace("oom");
+    let mut events = env
+        .ctr_cmd(&ns.name)
+        .arg("events")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let o = env.ctr_run(&ns, "hog", &["--memory-limit", "16777216"], HOG);
+    assert_eq!(o.status.code(), Some(137), "{}", text(&o));
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = events.kill();
+    let out = events.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&out.stdout);
+    let oom = out
+        .find("/tasks/oom")
+        .unwrap_or_else(|| panic!("no /tasks/oom event:\n{out}"));
+    let exit = out
+        .find("/tasks/exit")
+        .unwrap_or_else(|| panic!("no /tasks/exit event:\n{out}"));
+    assert!(oom < exit, "OOM after exit:\n{out}");
+    assert!(out.contains("\"exit_status\":137"), "{out}");
+    assert_clean(env, &ns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crio_oom_writes_the_marker_before_wait_returns() {
+    let env = env();
+    let ns = env.namespace("crio-oom");
+    let b = crio_bundle(&ns, "hog", "hog", HOG, |s| {
+        s["linux"]["resources"]["memory"] = serde_json::json!({"limit": 16 * 1024 * 1024});
+    });
+    let o = crio_start(&ns, &b.dir, "hog", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+    let req = CreateTaskRequest {
+        id: "hog".into(),
+        bundle: b.dir.to_str().unwrap().into(),
+        stdout: b.stdout.to_str().unwrap().into(),
+        ..Default::default()
+    };
+    client.create(ctx(), &req).await.unwrap();
+    assert!(!b.dir.join("oom").exists());
+    client
+        .start(
+            ctx(),
+            &StartRequest {
+                id: "hog".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let w = client
+        .wait(
+            ctx(),
+            &WaitRequest {
+                id: "hog".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.exit_status, 137);
+    assert!(b.dir.join("oom").exists(), "no <bundle>/oom after an OOM kill");
+    client
+        .delete(
+            ctx(),
+            &DeleteRequest {
+                id: "hog".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    client
+        .shutdown(
+            ctx(),
+            &ShutdownRequest {
+                id: "hog".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let _ = std::fs::remove_file(b.dir.join("oom"));
+    assert_clean(env, &ns);
+}
