@@ -5,5 +5,6 @@ mod bad_input;
 mod common;
 mod containerd;
 mod crio;
+mod gpu;
 mod stats_oom;
 mod task_api;

@@ -181,6 +181,9 @@ impl Container {
             SpecError::Devices(d) => TaskError::InvalidArgument(d.to_string()),
             other => TaskError::Spec(other),
         })?;
+        for w in &edits.devices.warnings {
+            warn!(log, "device injection"; "warning" => w);
+        }
         if edits.changed() {
             undo.original_config = Some(raw);
             spec::save(&p.bundle, &oci)?;

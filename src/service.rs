@@ -113,6 +113,12 @@ impl TaskService {
 
     async fn do_create(&self, req: CreateTaskRequest) -> Result<CreateTaskResponse, TaskError> {
         let id = req.id.clone();
+        if !req.checkpoint.is_empty() {
+            return Err(TaskError::Unimplemented(format!(
+                "create {id:?}: restoring from checkpoint {:?} is not supported by gantry",
+                req.checkpoint
+            )));
+        }
         {
             let mut creating = self.creating();
             if self.containers().contains_key(&id) || !creating.insert(id.clone()) {
