@@ -6,5 +6,6 @@ mod common;
 mod containerd;
 mod crio;
 mod gpu;
+mod install;
 mod stats_oom;
 mod task_api;

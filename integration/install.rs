@@ -1,0 +1,124 @@
+//! scripts/install.sh against a DESTDIR, and `check-config`.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::common::{run, text, SHIM};
+
+fn install(destdir: &Path, extra: &[&str]) -> std::process::Output {
+    let repo = env!("CARGO_MANIFEST_DIR");
+    run(Command::new("bash")
+        .arg(format!("{repo}/scripts/install.sh"))
+        .args(["--binary", SHIM, "--engine", "crio"])
+        .args(extra)
+        .env("DESTDIR", destdir))
+}
+
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        out.push(p.strip_prefix(dir).unwrap_or(&p).display().to_string());
+        if p.is_dir() {
+            out.extend(
+                files_under(&p)
+                    .into_iter()
+                    .map(|f| format!("{}/{f}", e.file_name().to_string_lossy())),
+            );
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn install_is_idempotent_refuses_changed_config_and_uninstalls_everything() {
+    let dest = tempfile::tempdir().unwrap();
+    let o = install(dest.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let bin = dest.path().join("usr/local/bin/containerd-shim-gantry-v2");
+    let cfg = dest.path().join("etc/gantry/config.toml");
+    let dropin = dest.path().join("etc/crio/crio.conf.d/99-gantry.conf");
+    assert!(
+        bin.exists() && cfg.exists() && dropin.exists(),
+        "{:?}",
+        files_under(dest.path())
+    );
+    let dropin_text = std::fs::read_to_string(&dropin).unwrap();
+    assert!(
+        dropin_text.contains("runtime_path = \"/usr/local/bin/containerd-shim-gantry-v2\""),
+        "{dropin_text}"
+    );
+    assert!(dropin_text.contains("runtime_type = \"vm\""), "{dropin_text}");
+
+    // Again: nothing changes.
+    let o = install(dest.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("unchanged"), "{}", text(&o));
+
+    // A locally edited config is not overwritten without --force.
+    std::fs::write(&cfg, "[shim]\nlog_level = \"debug\"\n").unwrap();
+    let o = install(dest.path(), &[]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--force"), "{}", text(&o));
+    let o = install(dest.path(), &["--force"]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    let o = install(dest.path(), &["--uninstall"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(files_under(dest.path()), Vec::<String>::new());
+}
+
+#[test]
+fn check_config_names_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = Path::new(env!("CARGO_MANIFEST_DIR")).join("runtime-conf/gantry.toml");
+    let o = run(Command::new(SHIM).args(["check-config", good.to_str().unwrap()]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("socket_dir"),
+        "{}",
+        text(&o)
+    );
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[shim]\nsocket_dir = \"/run/g\"\n[devices]\nnvidia_kind = 5\n").unwrap();
+    let o = run(Command::new(SHIM).args(["check-config", bad.to_str().unwrap()]));
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("bad.toml") && err.contains("line 4") && err.contains("devices.nvidia_kind"),
+        "{err}"
+    );
+
+    let o = run(Command::new(SHIM).args(["check-config", "/nonexistent/gantry.toml"]));
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("/nonexistent/gantry.toml"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn probes_start_nothing() {
+    let o = run(Command::new(SHIM).arg("-v"));
+    assert!(o.status.success(), "{}", text(&o));
+    let v = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        v.contains("containerd-shim-gantry-v2") && v.contains("Version:") && v.contains("Revision:"),
+        "{v}"
+    );
+
+    let o = run(Command::new(SHIM).arg("features"));
+    assert!(o.status.success(), "{}", text(&o));
+    let f: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(f["ociVersionMax"].is_string(), "{f}");
+
+    let o = run(Command::new(SHIM).arg("-info"));
+    assert!(o.status.success(), "{}", text(&o));
+    let info: containerd_shim_protos::types::introspection::RuntimeInfo =
+        protobuf::Message::parse_from_bytes(&o.stdout).unwrap();
+    assert_eq!(info.name, "io.containerd.gantry.v2");
+    assert!(info.features.is_some());
+}
