@@ -274,3 +274,90 @@ async fn start_accepts_every_stdin_form() {
     assert!(ns_clean, "socket left after shutdown");
     assert_clean(env, &ns);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_init_and_resize_pty() {
+    use containerd_shim_protos::api::ResizePtyRequest;
+    let env = env();
+    let ns = env.namespace("crio-tty");
+    let b = crio_bundle(
+        &ns,
+        "tty1",
+        "tty1",
+        &["sh", "-c", "sleep 1; stty size; test -t 1 && echo tty-yes"],
+        |s| {
+            s["process"]["terminal"] = true.into();
+        },
+    );
+    let o = crio_start(&ns, &b.dir, "tty1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let mut out = open_fifo_reader(&b.stdout);
+    let mut req = create_req(&b);
+    req.terminal = true;
+    req.stderr = b.dir.join("stderr-unused").to_str().unwrap().into();
+    client.create(ctx(), &req).await.unwrap();
+    client
+        .start(
+            ctx(),
+            &StartRequest {
+                id: "tty1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let resize = ResizePtyRequest {
+        id: "tty1".into(),
+        width: 123,
+        height: 45,
+        ..Default::default()
+    };
+    client.resize_pty(ctx(), &resize).await.unwrap();
+    let w = client
+        .wait(
+            ctx(),
+            &WaitRequest {
+                id: "tty1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.exit_status, 0);
+    let text = read_fifo(&mut out, Duration::from_secs(5));
+    assert!(text.contains("45 123"), "{text:?}");
+    assert!(text.contains("tty-yes"), "{text:?}");
+    let st = client
+        .state(
+            ctx(),
+            &StateRequest {
+                id: "tty1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(st.terminal);
+    client
+        .delete(
+            ctx(),
+            &DeleteRequest {
+                id: "tty1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    client
+        .shutdown(
+            ctx(),
+            &ShutdownRequest {
+                id: "tty1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_clean(env, &ns);
+}
