@@ -519,8 +519,9 @@ impl Container {
                 at: SystemTime::now(),
             },
         };
-        let execs: Vec<_> = self.execs().drain().map(|(_, p)| p).collect();
-        for p in execs {
+        let execs: Vec<_> = self.execs().drain().collect();
+        for (exec_id, p) in execs {
+            let _ = std::fs::remove_file(self.exec_spec_path(&exec_id));
             p.io().shutdown().await;
         }
         self.init.io().shutdown().await;

@@ -71,6 +71,7 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger) -> Result<(), DaemonEr
     reaper.start().map_err(DaemonError::Signals)?;
     let address = std::env::var("TTRPC_ADDRESS").unwrap_or_default();
     let publisher = Publisher::new(&address, &flags.namespace, log.clone());
+    let flusher = publisher.clone();
     let console_dir = socket
         .parent()
         .map(|p| p.to_path_buf())
@@ -104,6 +105,7 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger) -> Result<(), DaemonEr
             break;
         }
     }
+    flusher.flush(std::time::Duration::from_secs(3)).await;
     let _ = server.shutdown().await;
     Ok(())
 }

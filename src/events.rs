@@ -15,7 +15,7 @@ use containerd_shim_protos::shim::event::Envelope;
 use containerd_shim_protos::shim::events::ForwardRequest;
 use containerd_shim_protos::shim_async::{Client, EventsClient};
 use slog::{debug, warn, Logger};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// Attempts per event before it is dropped (containerd down for good).
 const MAX_ATTEMPTS: u32 = 5;
@@ -114,10 +114,17 @@ pub fn task_io(stdin: &str, stdout: &str, stderr: &str, terminal: bool) -> Messa
     })
 }
 
+/// What the forwarding task receives: an event, or a request to report once all earlier
+/// events are through (the daemon flushes before it exits).
+enum Item {
+    Event(Box<Envelope>),
+    Flush(oneshot::Sender<()>),
+}
+
 /// Publishes events in order to containerd, or only logs them when there is no address.
 #[derive(Clone)]
 pub struct Publisher {
-    tx: Option<mpsc::UnboundedSender<Envelope>>,
+    tx: Option<mpsc::UnboundedSender<Item>>,
     namespace: String,
     log: Logger,
 }
@@ -149,7 +156,17 @@ impl Publisher {
             event: MessageField::some(event.to_any()),
             ..Default::default()
         };
-        let _ = tx.send(envelope);
+        let _ = tx.send(Item::Event(Box::new(envelope)));
+    }
+
+    /// Waits (bounded) until every event published so far was forwarded or dropped, so the
+    /// TaskDelete of the last container is not lost when the daemon exits right after.
+    pub async fn flush(&self, timeout: Duration) {
+        let Some(tx) = &self.tx else { return };
+        let (done, wait) = oneshot::channel();
+        if tx.send(Item::Flush(done)).is_ok() {
+            let _ = tokio::time::timeout(timeout, wait).await;
+        }
     }
 }
 
@@ -162,9 +179,16 @@ async fn connect(address: &str) -> Option<EventsClient> {
     Client::connect(&addr).await.ok().map(EventsClient::new)
 }
 
-async fn forward_loop(address: String, mut rx: mpsc::UnboundedReceiver<Envelope>, log: Logger) {
+async fn forward_loop(address: String, mut rx: mpsc::UnboundedReceiver<Item>, log: Logger) {
     let mut client: Option<EventsClient> = None;
-    while let Some(envelope) = rx.recv().await {
+    while let Some(item) = rx.recv().await {
+        let envelope = match item {
+            Item::Event(e) => *e,
+            Item::Flush(done) => {
+                let _ = done.send(());
+                continue;
+            }
+        };
         let req = ForwardRequest {
             envelope: MessageField::some(envelope),
             ..Default::default()
