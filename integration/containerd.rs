@@ -7,13 +7,13 @@ use std::time::Duration;
 use crate::common::{assert_clean, env, text, wait_until, Ns};
 
 /// `ctr events` running in the background; collects lines.
-struct Events {
+pub(crate) struct Events {
     child: Child,
     lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Events {
-    fn start(ns: &Ns) -> Events {
+    pub(crate) fn start(ns: &Ns) -> Events {
         let mut child = env()
             .ctr_cmd(&ns.name)
             .arg("events")
@@ -35,7 +35,7 @@ impl Events {
     }
 
     /// Topics of /tasks/* events concerning `id`, in arrival order.
-    fn task_topics(&self, id: &str) -> Vec<String> {
+    pub(crate) fn task_topics(&self, id: &str) -> Vec<String> {
         self.lines
             .lock()
             .unwrap()
@@ -49,7 +49,7 @@ impl Events {
             .collect()
     }
 
-    fn lines_for(&self, id: &str, topic: &str) -> Vec<String> {
+    pub(crate) fn lines_for(&self, id: &str, topic: &str) -> Vec<String> {
         self.lines
             .lock()
             .unwrap()

@@ -378,3 +378,71 @@ async fn update_changes_live_limits_and_checkpoint_says_why_not() {
 fn _unused() -> (&'static str, &'static str) {
     (IMAGE, RUNTIME)
 }
+
+#[test]
+fn exec_events_and_init_exit_after_exec_exits() {
+    let env = env();
+    let ns = env.namespace("exec-events");
+    let events = crate::containerd::Events::start(&ns);
+    let o = env.ctr_run_detached(&ns, "ee", &[], &["sleep", "1000"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = env.ctr(
+        &ns.name,
+        &["task", "exec", "--exec-id", "quick", "ee", "sh", "-c", "exit 2"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    // A long exec is running when init is killed: its exit must be published first.
+    let mut long = env
+        .ctr_cmd(&ns.name)
+        .args(["task", "exec", "--exec-id", "long", "ee", "sleep", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = wait_until(Duration::from_secs(10), || {
+        events
+            .task_topics("ee")
+            .iter()
+            .filter(|t| *t == "/tasks/exec-started")
+            .count()
+            >= 2
+    });
+    assert!(started, "{:?}", events.task_topics("ee"));
+    assert!(env
+        .ctr(&ns.name, &["task", "kill", "-s", "SIGKILL", "ee"])
+        .status
+        .success());
+    let _ = long.wait();
+    let done = wait_until(Duration::from_secs(10), || {
+        events.task_topics("ee").iter().filter(|t| *t == "/tasks/exit").count() >= 3
+    });
+    let topics = events.task_topics("ee");
+    assert!(done, "{topics:?}");
+    assert_eq!(
+        topics,
+        [
+            "/tasks/create",
+            "/tasks/start",
+            "/tasks/exec-added",
+            "/tasks/exec-started",
+            "/tasks/exit",
+            "/tasks/exec-added",
+            "/tasks/exec-started",
+            "/tasks/exit",
+            "/tasks/exit"
+        ]
+    );
+    let exits = events.lines_for("ee", "/tasks/exit");
+    assert!(
+        exits[0].contains("\"id\":\"quick\"") && exits[0].contains("\"exit_status\":2"),
+        "{exits:?}"
+    );
+    assert!(exits[1].contains("\"id\":\"long\""), "{exits:?}");
+    assert!(
+        exits[2].contains("\"id\":\"ee\"") && exits[2].contains("\"exit_status\":137"),
+        "{exits:?}"
+    );
+    assert!(env.ctr(&ns.name, &["task", "delete", "ee"]).status.success());
+    assert!(env.ctr(&ns.name, &["container", "delete", "ee"]).status.success());
+    assert_clean(env, &ns);
+}
