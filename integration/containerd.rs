@@ -205,14 +205,6 @@ fn crun_selected_by_config() {
     assert!(o.status.success(), "{}", text(&o));
     let crun_state = ns.runtime_root.join(&ns.name).join("c2").join("status");
     assert!(crun_state.exists(), "no crun state at {}", crun_state.display());
-    assert!(env
-        .ctr(&ns.name, &["task", "kill", "-s", "SIGKILL", "c2"])
-        .status
-        .success());
-    wait_until(Duration::from_secs(10), || {
-        String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).contains("STOPPED")
-    });
-    assert!(env.ctr(&ns.name, &["task", "delete", "c2"]).status.success());
-    assert!(env.ctr(&ns.name, &["container", "delete", "c2"]).status.success());
+    env.kill_and_remove(&ns.name, "c2");
     assert_clean(env, &ns);
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use gantry::devices::fixture::{make_fake_nvidia, write_nvidia_cdi_spec, NVIDIA_MAJOR};
 
-use crate::common::{assert_clean, env, text, wait_until, Ns};
+use crate::common::{assert_clean, env, text, Ns};
 
 const UVM_MAJOR: u32 = 235;
 
@@ -68,15 +68,7 @@ fn run_and_inspect(host: &GpuHost, id: &str, extra: &[&str]) -> (String, String)
         .to_string();
     inside.push_str(&format!("\ninjected: {injected}\n"));
     let list = std::fs::read_to_string(format!("/sys/fs/cgroup/devices/{}/{id}/devices.list", host.ns.name)).unwrap();
-    assert!(env
-        .ctr(&host.ns.name, &["task", "kill", "-s", "SIGKILL", id])
-        .status
-        .success());
-    wait_until(std::time::Duration::from_secs(10), || {
-        String::from_utf8_lossy(&env.ctr(&host.ns.name, &["task", "ls"]).stdout).contains("STOPPED")
-    });
-    assert!(env.ctr(&host.ns.name, &["task", "delete", id]).status.success());
-    assert!(env.ctr(&host.ns.name, &["container", "delete", id]).status.success());
+    env.kill_and_remove(&host.ns.name, id);
     (inside, list)
 }
 

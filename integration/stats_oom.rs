@@ -1,12 +1,11 @@
 //! Stats (cgroup v1 metrics through `ctr task metrics`) and OOM kills: events for containerd,
 //! the `<bundle>/oom` marker for CRI-O.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use containerd_shim_protos::api::{CreateTaskRequest, DeleteRequest, ShutdownRequest, StartRequest, WaitRequest};
 
-use crate::common::{assert_clean, crio_bundle, crio_start, ctx, env, open_fifo_reader, task_client, text, wait_until};
+use crate::common::{assert_clean, crio_bundle, crio_start, ctx, env, open_fifo_reader, task_client, text};
 
 fn metrics(ns: &str, id: &str) -> serde_json::Value {
     let o = env().ctr(ns, &["task", "metrics", "--format", "json", id]);
@@ -32,15 +31,7 @@ fn metrics_are_v1_and_move_when_the_container_works() {
     assert!(cpu(&m2) > cpu(&m1) + 100_000_000, "cpu {} -> {}", cpu(&m1), cpu(&m2));
     assert_eq!(m2["pids"]["current"].as_u64(), Some(1), "{m2}");
 
-    assert!(env
-        .ctr(&ns.name, &["task", "kill", "-s", "SIGKILL", "busy"])
-        .status
-        .success());
-    wait_until(Duration::from_secs(10), || {
-        String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).contains("STOPPED")
-    });
-    assert!(env.ctr(&ns.name, &["task", "delete", "busy"]).status.success());
-    assert!(env.ctr(&ns.name, &["container", "delete", "busy"]).status.success());
+    env.kill_and_remove(&ns.name, "busy");
     assert_clean(env, &ns);
 }
 
@@ -50,27 +41,19 @@ const HOG: &[&str] = &["sh", "-c", "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; d
 fn oom_event_comes_before_the_exit() {
     let env = env();
     let ns = env.namespace("oom");
-    let mut events = env
-        .ctr_cmd(&ns.name)
-        .arg("events")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    let events = crate::containerd::Events::start(&ns);
     let o = env.ctr_run(&ns, "hog", &["--memory-limit", "16777216"], HOG);
     assert_eq!(o.status.code(), Some(137), "{}", text(&o));
-    std::thread::sleep(Duration::from_millis(500));
-    let _ = events.kill();
-    let out = events.wait_with_output().unwrap();
-    let out = String::from_utf8_lossy(&out.stdout);
-    let oom = out
-        .find("/tasks/oom")
-        .unwrap_or_else(|| panic!("no /tasks/oom event:\n{out}"));
-    let exit = out
-        .find("/tasks/exit")
-        .unwrap_or_else(|| panic!("no /tasks/exit event:\n{out}"));
-    assert!(oom < exit, "OOM after exit:\n{out}");
-    assert!(out.contains("\"exit_status\":137"), "{out}");
+    let both = crate::common::wait_until(Duration::from_secs(10), || {
+        let t = events.task_topics("hog");
+        t.iter().any(|x| x == "/tasks/oom") && t.iter().any(|x| x == "/tasks/exit")
+    });
+    let topics = events.task_topics("hog");
+    assert!(both, "{topics:?}");
+    let oom = topics.iter().position(|t| t == "/tasks/oom");
+    let exit = topics.iter().position(|t| t == "/tasks/exit");
+    assert!(oom < exit, "OOM after exit: {topics:?}");
+    assert!(events.lines_for("hog", "/tasks/exit")[0].contains("\"exit_status\":137"));
     assert_clean(env, &ns);
 }
 

@@ -100,14 +100,11 @@ fn exec_with_and_without_terminal_and_stdin() {
 
     let o = env.ctr(&ns.name, &["task", "kill", "-s", "SIGKILL", "box"]);
     assert!(o.status.success(), "{}", text(&o));
-    wait_until(Duration::from_secs(10), || {
-        String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).contains("STOPPED")
-    });
+    env.wait_status(&ns.name, "box", "STOPPED");
     // Once init is gone, new execs are refused.
     let o = env.ctr(&ns.name, &["task", "exec", "--exec-id", "late", "box", "true"]);
     assert!(!o.status.success(), "{}", text(&o));
-    assert!(env.ctr(&ns.name, &["task", "delete", "box"]).status.success());
-    assert!(env.ctr(&ns.name, &["container", "delete", "box"]).status.success());
+    env.remove(&ns.name, "box");
     assert_clean(env, &ns);
 }
 
@@ -115,40 +112,23 @@ fn exec_with_and_without_terminal_and_stdin() {
 fn pause_and_resume() {
     let env = env();
     let ns = env.namespace("pause");
+    let events = crate::containerd::Events::start(&ns);
     let o = env.ctr_run_detached(&ns, "p", &[], &["sleep", "1000"]);
     assert!(o.status.success(), "{}", text(&o));
-    let mut events = env
-        .ctr_cmd(&ns.name)
-        .arg("events")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
     assert!(env.ctr(&ns.name, &["task", "pause", "p"]).status.success());
-    let ls = String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).into_owned();
-    assert!(ls.contains("PAUSED"), "{ls}");
+    assert_eq!(env.task_status(&ns.name, "p"), "PAUSED");
     let freezer = format!("/sys/fs/cgroup/freezer/{}/p/freezer.state", ns.name);
     assert_eq!(std::fs::read_to_string(&freezer).unwrap().trim(), "FROZEN");
     assert!(env.ctr(&ns.name, &["task", "resume", "p"]).status.success());
-    let ls = String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).into_owned();
-    assert!(ls.contains("RUNNING"), "{ls}");
+    assert_eq!(env.task_status(&ns.name, "p"), "RUNNING");
     assert_eq!(std::fs::read_to_string(&freezer).unwrap().trim(), "THAWED");
-    std::thread::sleep(Duration::from_millis(300));
-    let _ = events.kill();
-    let out = events.wait_with_output().unwrap();
-    let out = String::from_utf8_lossy(&out.stdout);
-    let paused = out.find("/tasks/paused").expect("no /tasks/paused event");
-    let resumed = out.find("/tasks/resumed").expect("no /tasks/resumed event");
-    assert!(paused < resumed, "{out}");
-    assert!(env
-        .ctr(&ns.name, &["task", "kill", "-s", "SIGKILL", "p"])
-        .status
-        .success());
-    wait_until(Duration::from_secs(10), || {
-        String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).contains("STOPPED")
-    });
-    assert!(env.ctr(&ns.name, &["task", "delete", "p"]).status.success());
-    assert!(env.ctr(&ns.name, &["container", "delete", "p"]).status.success());
+    let seen = wait_until(Duration::from_secs(10), || events.task_topics("p").len() >= 4);
+    assert!(seen, "{:?}", events.task_topics("p"));
+    assert_eq!(
+        events.task_topics("p"),
+        ["/tasks/create", "/tasks/start", "/tasks/paused", "/tasks/resumed"]
+    );
+    env.kill_and_remove(&ns.name, "p");
     assert_clean(env, &ns);
 }
 
@@ -226,10 +206,7 @@ fn stalled_stdout_reader_never_blocks_kill_or_delete() {
         .ctr(&ns.name, &["task", "kill", "-s", "SIGKILL", "noisy"])
         .status
         .success());
-    let stopped = wait_until(Duration::from_secs(10), || {
-        String::from_utf8_lossy(&env.ctr(&ns.name, &["task", "ls"]).stdout).contains("STOPPED")
-    });
-    assert!(stopped);
+    env.wait_status(&ns.name, "noisy", "STOPPED");
     let o = env.ctr(&ns.name, &["task", "delete", "noisy"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
@@ -442,7 +419,6 @@ fn exec_events_and_init_exit_after_exec_exits() {
         exits[2].contains("\"id\":\"ee\"") && exits[2].contains("\"exit_status\":137"),
         "{exits:?}"
     );
-    assert!(env.ctr(&ns.name, &["task", "delete", "ee"]).status.success());
-    assert!(env.ctr(&ns.name, &["container", "delete", "ee"]).status.success());
+    env.remove(&ns.name, "ee");
     assert_clean(env, &ns);
 }

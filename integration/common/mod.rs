@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod cri;
+
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -225,6 +227,42 @@ impl Env {
         args.extend_from_slice(&[IMAGE, id]);
         args.extend_from_slice(cmd);
         self.ctr(&ns.name, &args)
+    }
+
+    /// The STATUS column of `ctr task ls` for `id` (empty when there is no such task).
+    pub fn task_status(&self, ns: &str, id: &str) -> String {
+        let o = self.ctr(ns, &["task", "ls"]);
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
+            .unwrap_or_default()
+    }
+
+    /// Waits until the task reports `status`.
+    pub fn wait_status(&self, ns: &str, id: &str, status: &str) {
+        let ok = wait_until(Duration::from_secs(10), || self.task_status(ns, id) == status);
+        assert!(
+            ok,
+            "task {id} never reached {status} (now {:?})",
+            self.task_status(ns, id)
+        );
+    }
+
+    /// SIGKILLs a task, waits until it stopped, then deletes task and container.
+    pub fn kill_and_remove(&self, ns: &str, id: &str) {
+        let o = self.ctr(ns, &["task", "kill", "-s", "SIGKILL", id]);
+        assert!(o.status.success(), "{}", text(&o));
+        self.wait_status(ns, id, "STOPPED");
+        self.remove(ns, id);
+    }
+
+    /// Deletes a stopped task and its container.
+    pub fn remove(&self, ns: &str, id: &str) {
+        let o = self.ctr(ns, &["task", "delete", id]);
+        assert!(o.status.success(), "{}", text(&o));
+        let o = self.ctr(ns, &["container", "delete", id]);
+        assert!(o.status.success(), "{}", text(&o));
     }
 
     /// The bundle containerd made for a task.
