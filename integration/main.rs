@@ -4,6 +4,7 @@
 mod bad_input;
 mod common;
 mod containerd;
+mod cri;
 mod crio;
 mod gpu;
 mod install;
