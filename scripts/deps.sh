@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs what gantry's build, demo and tests need on a fresh Debian machine, skipping what is
-# already there: containerd 1.6, runc, crun, criu, busybox-static, protoc-free build deps.
+# already there: containerd 1.6, runc, crun, criu, busybox-static, protoc (the CRI test client)...
 set -euo pipefail
 
 need=()
 for pair in containerd:containerd ctr:containerd runc:runc crun:crun criu:criu \
-            busybox:busybox-static pkg-config:pkg-config; do
+            busybox:busybox-static pkg-config:pkg-config protoc:protobuf-compiler script:bsdutils; do
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
