@@ -48,7 +48,7 @@ pub fn logger<W: Write + Send + 'static>(out: W, level: Level, namespace: &str) 
         .build()
         .ignore_res();
     let (drain, guard) = slog_async::Async::new(json.filter_level(level).fuse())
-        .chan_size(1024)
+        .chan_size(64)
         .overflow_strategy(slog_async::OverflowStrategy::Drop)
         .build_with_guard();
     let log = Logger::root(
