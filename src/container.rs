@@ -239,7 +239,7 @@ impl Container {
         process.set_pid(pid);
         let init_exit = reaper.subscribe_since(pid, Some(started));
         undo.armed = false;
-        info!(log, "created"; "pid" => pid, "runtime" => &runtime.binary,
+        info!(log, "created"; "pid" => pid, "oci_runtime" => &runtime.binary,
             "config" => config_file.map(|p| p.display().to_string()).unwrap_or_else(|| "defaults".into()));
         let cgroup = match ContainerCgroup::for_pid(pid) {
             Ok(c) => Some(c),

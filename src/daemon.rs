@@ -39,12 +39,9 @@ pub fn serve(flags: &Flags) -> Result<(), DaemonError> {
     let (config, _) = Config::resolve(None).unwrap_or_default();
     let bundle = bundle_dir(flags);
     let level = logging::level(&config.shim.log_level, flags.debug);
-    let (log, _guard) = match logging::open_log_fifo(&bundle) {
-        Some(f) => {
-            let (l, g) = logging::logger(f, level, &flags.namespace);
-            (l, Some(g))
-        }
-        None => (logging::discard(), None),
+    let log = match logging::open_log_fifo(&bundle) {
+        Some(sink) => logging::logger(sink, level, &flags.namespace),
+        None => logging::discard(),
     };
     let log = log.new(o!("shim_pid" => std::process::id()));
     logging::bridge_log_facade(&log);

@@ -1,28 +1,60 @@
 //! Structured logs (JSON lines via slog) into the bundle's `log` FIFO, which containerd and
-//! CRI-O copy into their own logs. Writing never blocks the shim: an async drain drops lines
-//! when its reader stalls, and a vanished reader only costs log lines (SIGPIPE is ignored).
+//! CRI-O copy into their own logs. Writing never blocks the shim: the FIFO is non-blocking and
+//! each line goes out in one `write`; a line that does not fit (stalled reader) is dropped, and
+//! a vanished reader only costs log lines (SIGPIPE is ignored). No logging thread: a second
+//! thread costs every daemon its stack and its own malloc arena.
 
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::Mutex;
 
 use slog::{o, Drain, Level, Logger};
 
-/// Opens `<bundle>/log` for writing if someone reads it; otherwise logs go nowhere.
-pub fn open_log_fifo(bundle: &Path) -> Option<std::fs::File> {
-    let path = bundle.join("log");
+/// Opens `<bundle>/log` for non-blocking writing if someone reads it; otherwise logs go nowhere.
+pub fn open_log_fifo(bundle: &Path) -> Option<LineSink<std::fs::File>> {
     let f = OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
+        .open(bundle.join("log"))
         .ok()?;
-    // Blocking again, so the async drain's thread (not the shim) is what waits on a slow reader.
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
-    let flags = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL).ok()?;
-    let flags = nix::fcntl::OFlag::from_bits_truncate(flags) & !nix::fcntl::OFlag::O_NONBLOCK;
-    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(flags)).ok()?;
-    Some(f)
+    Some(LineSink::new(f))
+}
+
+/// Collects one JSON line and writes it with a single `write` at the newline, so a line is
+/// either delivered whole or dropped whole; errors (EAGAIN, EPIPE) only drop the line.
+pub struct LineSink<W: Write> {
+    out: W,
+    line: Vec<u8>,
+}
+
+impl<W: Write> LineSink<W> {
+    pub fn new(out: W) -> Self {
+        Self {
+            out,
+            line: Vec::with_capacity(512),
+        }
+    }
+}
+
+impl<W: Write> Write for LineSink<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.line.extend_from_slice(buf);
+        if let Some(end) = self.line.iter().rposition(|b| *b == b'\n') {
+            let _ = self.out.write(&self.line[..=end]);
+            self.line.drain(..=end);
+        }
+        // Long lines are never kept around.
+        if self.line.len() > 64 * 1024 {
+            self.line.clear();
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 pub fn level(name: &str, debug: bool) -> Level {
@@ -38,7 +70,7 @@ pub fn level(name: &str, debug: bool) -> Level {
 }
 
 /// A JSON logger over `out`, filtered at `level`, tagged with the daemon's identity.
-pub fn logger<W: Write + Send + 'static>(out: W, level: Level, namespace: &str) -> (Logger, slog_async::AsyncGuard) {
+pub fn logger<W: Write + Send + 'static>(out: W, level: Level, namespace: &str) -> Logger {
     let json = slog_json::Json::new(out)
         .add_key_value(o!(
             "time" => slog::PushFnValue(|_, ser| ser.emit(chrono_like_now())),
@@ -47,15 +79,11 @@ pub fn logger<W: Write + Send + 'static>(out: W, level: Level, namespace: &str) 
         ))
         .build()
         .ignore_res();
-    let (drain, guard) = slog_async::Async::new(json.filter_level(level).fuse())
-        .chan_size(64)
-        .overflow_strategy(slog_async::OverflowStrategy::Drop)
-        .build_with_guard();
-    let log = Logger::root(
-        drain.fuse(),
+    let drain = Mutex::new(json.filter_level(level)).ignore_res();
+    Logger::root(
+        drain,
         o!("runtime" => "io.containerd.gantry.v2", "namespace" => namespace.to_string()),
-    );
-    (log, guard)
+    )
 }
 
 /// A logger that discards everything (probes, `start`, tests).
@@ -103,6 +131,46 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_lines_in_one_write() {
+        #[derive(Default)]
+        struct Writes(Vec<Vec<u8>>);
+        impl Write for Writes {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.push(b.to_vec());
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut sink = LineSink::new(Writes::default());
+        for part in [&b"{\"a\":"[..], b"1}\n{\"b\"", b":2}\n"] {
+            sink.write_all(part).unwrap();
+        }
+        assert_eq!(sink.out.0, vec![b"{\"a\":1}\n".to_vec(), b"{\"b\":2}\n".to_vec()]);
+    }
+
+    #[test]
+    fn a_stalled_fifo_drops_lines_instead_of_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(open_log_fifo(dir.path()).is_none(), "no reader: no logging");
+        let _reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&p)
+            .unwrap();
+        let log = logger(open_log_fifo(dir.path()).unwrap(), Level::Info, "ns");
+        // Far more than a pipe holds, with nobody reading: must return promptly.
+        let t = std::time::Instant::now();
+        for i in 0..5000 {
+            slog::info!(log, "filling the pipe"; "i" => i, "pad" => "x".repeat(100));
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
+    }
 
     #[test]
     fn civil_dates() {
