@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what gantry's build, demo and tests need on a fresh Debian machine, skipping what is
-# already there: containerd 1.6, runc, crun, criu, busybox-static, protoc (the CRI test client)...
+# already there: containerd 1.6, runc, crun, criu, busybox-static, protoc (for the CRI test
+# client), script (tty tests), libseccomp-dev.
 set -euo pipefail
 
 need=()
