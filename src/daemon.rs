@@ -102,6 +102,8 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger) -> Result<(), DaemonEr
             break;
         }
     }
+    // No new `start` may find this daemon from here on: it hands out a fresh one instead.
+    let _ = std::fs::remove_file(&socket);
     flusher.flush(std::time::Duration::from_secs(3)).await;
     let _ = server.shutdown().await;
     Ok(())
