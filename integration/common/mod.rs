@@ -420,6 +420,11 @@ pub fn assert_clean(env: &Env, ns: &Ns) {
         left.is_empty()
     });
     assert!(clean, "left behind in {}:\n{}", ns.name, left.join("\n"));
+    // The per-namespace parent cgroups (`/<ns>` of cgroupsPath `/<ns>/<id>`) are the runtime's,
+    // created on first use and never removed by it; they are unique per test run, so tidy them.
+    for e in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+        let _ = std::fs::remove_dir(e.path().join(&ns.name));
+    }
 }
 
 /// A bundle laid out the way CRI-O lays it out: `config.json` with CRI-O annotations and an
