@@ -208,3 +208,27 @@ fn crun_selected_by_config() {
     env.kill_and_remove(&ns.name, "c2");
     assert_clean(env, &ns);
 }
+
+#[test]
+fn instant_exit_is_reported_after_start() {
+    let env = env();
+    let ns = env.namespace("ctr-instant");
+    let events = Events::start(&ns);
+    for i in 0..10 {
+        let id = format!("i{i}");
+        let o = env.ctr_run(&ns, &id, &[], &["true"]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    for i in 0..10 {
+        let id = format!("i{i}");
+        let ok = wait_until(Duration::from_secs(5), || events.task_topics(&id).len() >= 4);
+        let topics = events.task_topics(&id);
+        assert!(ok, "{id}: {topics:?}");
+        assert_eq!(
+            topics,
+            ["/tasks/create", "/tasks/start", "/tasks/exit", "/tasks/delete"],
+            "{id}"
+        );
+    }
+    assert_clean(env, &ns);
+}

@@ -349,7 +349,9 @@ async fn cri_gantry_pod_lifecycle() {
     let st = s.status.unwrap();
     assert_eq!(st.exit_code, 5);
     assert_eq!(st.reason, "Error");
-    assert!(st.finished_at >= st.started_at && st.started_at > 0);
+    // Both set; their order is not asserted: CRI stamps StartedAt when StartContainer returns,
+    // FinishedAt from the exit time, and a command that exits at once may be reaped first.
+    assert!(st.started_at > 0 && st.finished_at > 0, "{st:?}");
     let log = std::fs::read_to_string(cri.pod_log_dir(&name).join("oneshot.log")).unwrap();
     assert!(log.lines().any(|l| l.ends_with(" stdout F to-stdout")), "{log}");
     assert!(log.lines().any(|l| l.ends_with(" stderr F to-stderr")), "{log}");

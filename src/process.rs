@@ -89,6 +89,9 @@ pub struct Process {
     io: Mutex<Arc<ProcessIo>>,
     inner: Mutex<Inner>,
     exit: watch::Sender<Option<ExitInfo>>,
+    /// Held across a Start (runtime call + TaskStart event); the exit monitor takes it before
+    /// reporting, so a process that dies at once is still reported started, then exited.
+    pub start_lock: tokio::sync::Mutex<()>,
 }
 
 impl Process {
@@ -102,6 +105,7 @@ impl Process {
                 pid: 0,
             }),
             exit: watch::channel(None).0,
+            start_lock: tokio::sync::Mutex::new(()),
         }
     }
 

@@ -174,6 +174,8 @@ impl TaskService {
         let publisher = self.publisher.clone();
         tokio::spawn(async move {
             let Ok(exit) = rx.await else { return };
+            // An init that exits while Start is in flight is reported after TaskStart.
+            drop(c.init.start_lock.lock().await);
             publish_ooms(&publisher, &c);
             let info = c.init_exited(exit).await;
             publisher.publish(exit_event(&c.id, &c.id, info));
@@ -231,6 +233,7 @@ impl TaskService {
     async fn do_start(&self, req: StartRequest) -> Result<StartResponse, TaskError> {
         let c = self.get(&req.id)?;
         let pid = if req.exec_id.is_empty() {
+            let _started = c.init.start_lock.lock().await;
             let pid = c.start_init().await?;
             self.publisher.publish(Event::Start(TaskStart {
                 container_id: c.id.clone(),
