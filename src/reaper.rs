@@ -161,10 +161,12 @@ mod tests {
         assert_eq!(r.subscribe(7).await.unwrap().status, 0);
     }
 
-    // The reaper under test is what waits for the child.
-    #[allow(clippy::zombie_processes)]
+    // The reaper under test is what waits for the child; the std lock only keeps other test
+    // threads' children out of its waitpid(-1) while this single-threaded test runs.
+    #[allow(clippy::zombie_processes, clippy::await_holding_lock)]
     #[tokio::test]
     async fn reaps_real_children() {
+        let _children = crate::sys::test_children_lock();
         let r = Reaper::default();
         let child = std::process::Command::new("sh").args(["-c", "exit 5"]).spawn().unwrap();
         let rx = r.subscribe(child.id() as i32);

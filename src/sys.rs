@@ -29,3 +29,11 @@ pub fn install_fds(fds: &[RawFd], first: RawFd) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Serialises unit tests that own child processes with the reaper test that reaps any child
+/// (waitpid(-1)), so it never steals another test's exit status.
+#[cfg(test)]
+pub(crate) fn test_children_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}

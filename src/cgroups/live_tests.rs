@@ -63,10 +63,13 @@ impl Drop for TestCgroup {
 struct Gated {
     child: Child,
     out: BufReader<ChildStdout>,
+    // Keeps the reaper's waitpid(-1) test from reaping this child under us.
+    _children: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Gated {
     fn spawn(script: &str) -> Self {
+        let children = crate::sys::test_children_lock();
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(format!("read go; {script}"))
@@ -75,7 +78,11 @@ impl Gated {
             .spawn()
             .unwrap();
         let out = BufReader::new(child.stdout.take().unwrap());
-        Self { child, out }
+        Self {
+            child,
+            out,
+            _children: children,
+        }
     }
 
     fn pid(&self) -> u32 {
@@ -102,18 +109,19 @@ impl Drop for Gated {
     }
 }
 
+/// Live tests run on this project's machines (root, cgroup v1 hybrid); anywhere else they fail
+/// loudly rather than pass without testing anything.
 fn v1_host() -> bool {
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("skipped: needs root");
-        return false;
-    }
-    match host_is_v2() {
-        Ok(false) if Path::new("/sys/fs/cgroup/memory/cgroup.procs").exists() => true,
-        other => {
-            eprintln!("skipped: not a cgroup v1 host with a memory hierarchy ({other:?})");
-            false
-        }
-    }
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "live cgroup tests need root (scripts/test.sh)"
+    );
+    let v2 = host_is_v2();
+    assert!(
+        matches!(v2, Ok(false)) && Path::new("/sys/fs/cgroup/memory/cgroup.procs").exists(),
+        "live v1 tests need a cgroup v1 host with a memory hierarchy ({v2:?})"
+    );
+    true
 }
 
 const MEMORY: &str = "/sys/fs/cgroup/memory";
@@ -231,20 +239,20 @@ async fn v1_oom_kill_is_notified() {
 /// controllers here, but cpu.stat is always present, and it must stay in microseconds.
 #[tokio::test]
 async fn v2_metrics_on_a_controllerless_cgroup2() {
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "live cgroup tests need root (scripts/test.sh)"
+    );
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let Some(mount) = parse_mountinfo(&mountinfo).into_iter().find(|m| m.v2) else {
-        eprintln!("skipped: no cgroup2 mount");
-        return;
-    };
+    let mount = parse_mountinfo(&mountinfo)
+        .into_iter()
+        .find(|m| m.v2)
+        .expect("this test needs a cgroup2 mount (the hybrid host's /sys/fs/cgroup/unified)");
     let root = mount.mount_point.to_string_lossy().into_owned();
-    if mount.root != "/" || !Path::new(&root).join("cgroup.procs").exists() {
-        eprintln!("skipped: cgroup2 mount {root} does not show the root");
-        return;
-    }
+    assert!(
+        mount.root == "/" && Path::new(&root).join("cgroup.procs").exists(),
+        "cgroup2 mount {root} does not show the root"
+    );
     let cg = TestCgroup::new(&[root.as_str()], "v2");
     let mut child = Gated::spawn("i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo ready; read done");
     cg.add(child.pid());
