@@ -12,7 +12,6 @@ use protobuf::well_known_types::any::Any;
 
 use crate::common::{
     assert_clean, code, crio_bundle, crio_start, ctx, env, message, open_fifo_reader, task_client, text, wait_until,
-    IMAGE, RUNTIME,
 };
 
 #[test]
@@ -351,11 +350,6 @@ async fn update_changes_live_limits_and_checkpoint_says_why_not() {
         .await
         .unwrap();
     assert_clean(env, &ns);
-}
-
-#[allow(dead_code)]
-fn _unused() -> (&'static str, &'static str) {
-    (IMAGE, RUNTIME)
 }
 
 #[test]

@@ -339,9 +339,9 @@ impl Container {
                 self.id
             )));
         }
-        let process: oci_spec::runtime::Process =
-            serde_json::from_slice(&spec.value).map_err(|e| invalid(format!("exec {exec_id:?} process spec: {e}")))?;
-        let _ = process;
+        // Parsed only to refuse a malformed spec here, with INVALID_ARGUMENT, rather than at Start.
+        serde_json::from_slice::<oci_spec::runtime::Process>(&spec.value)
+            .map_err(|e| invalid(format!("exec {exec_id:?} process spec: {e}")))?;
         let mut execs = self.execs();
         if execs.contains_key(exec_id) {
             return Err(TaskError::AlreadyExists(format!(
