@@ -1,24 +1,14 @@
 //! Bad input of every kind gets a clear error with the right ttrpc code, and leaves nothing.
 
 use containerd_shim_protos::api::{
-    ConnectRequest, CreateTaskRequest, DeleteRequest, KillRequest, PauseRequest, ShutdownRequest, StartRequest,
-    StateRequest, WaitRequest,
+    ConnectRequest, DeleteRequest, KillRequest, PauseRequest, StartRequest, StateRequest, WaitRequest,
 };
 use ttrpc::Code;
 
 use crate::common::{
     assert_clean, code, crio_bundle, crio_start, ctx, env, message, open_fifo_reader, runtimeoptions_any, task_client,
-    text, CrioBundle,
+    text,
 };
-
-fn req(b: &CrioBundle) -> CreateTaskRequest {
-    CreateTaskRequest {
-        id: b.id.clone(),
-        bundle: b.dir.to_str().unwrap().into(),
-        stdout: b.stdout.to_str().unwrap().into(),
-        ..Default::default()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_fail_cleanly_with_the_right_code() {
@@ -34,7 +24,10 @@ async fn bad_requests_fail_cleanly_with_the_right_code() {
     // Malformed config.json.
     let b = crio_bundle(&ns, "malformed", "good", &["true"], |_| {});
     std::fs::write(b.dir.join("config.json"), b"{\"ociVersion\": \"1.0.2\", \"process\": [").unwrap();
-    let e = client.create(ctx(), &req(&b)).await.unwrap_err();
+    let e = client
+        .create(ctx(), &crate::common::crio_create_req(&b))
+        .await
+        .unwrap_err();
     assert_eq!(code(&e), Code::INVALID_ARGUMENT, "{}", message(&e));
     assert!(message(&e).contains("config.json"), "{}", message(&e));
 
@@ -42,7 +35,10 @@ async fn bad_requests_fail_cleanly_with_the_right_code() {
     let b = crio_bundle(&ns, "noroot", "good", &["true"], |s| {
         s["root"]["path"] = "/nonexistent/rootfs".into();
     });
-    let e = client.create(ctx(), &req(&b)).await.unwrap_err();
+    let e = client
+        .create(ctx(), &crate::common::crio_create_req(&b))
+        .await
+        .unwrap_err();
     assert_eq!(code(&e), Code::INVALID_ARGUMENT, "{}", message(&e));
     assert!(message(&e).contains("/nonexistent/rootfs"), "{}", message(&e));
 
@@ -51,7 +47,7 @@ async fn bad_requests_fail_cleanly_with_the_right_code() {
     std::fs::write(&bad_cfg, "[runtime]\nbinary = \"/nonexistent/runc\"\n").unwrap();
     let b = crio_bundle(&ns, "noruntime", "good", &["true"], |_| {});
     let _o = open_fifo_reader(&b.stdout);
-    let mut r = req(&b);
+    let mut r = crate::common::crio_create_req(&b);
     r.options = protobuf::MessageField::some(runtimeoptions_any(&bad_cfg));
     let e = client.create(ctx(), &r).await.unwrap_err();
     assert!(message(&e).contains("/nonexistent/runc"), "{}", message(&e));
@@ -59,7 +55,7 @@ async fn bad_requests_fail_cleanly_with_the_right_code() {
     // A config file with an error names file, line and key.
     let broken = ns.dir.join("broken.toml");
     std::fs::write(&broken, "[runtime]\nsystemd_cgroup = \"maybe\"\n").unwrap();
-    let mut r = req(&b);
+    let mut r = crate::common::crio_create_req(&b);
     r.options = protobuf::MessageField::some(runtimeoptions_any(&broken));
     let e = client.create(ctx(), &r).await.unwrap_err();
     assert_eq!(code(&e), Code::INVALID_ARGUMENT, "{}", message(&e));
@@ -71,15 +67,21 @@ async fn bad_requests_fail_cleanly_with_the_right_code() {
 
     // Bad ids.
     for id in ["a/b", "..", "../escape", ""] {
-        let mut r = req(&good);
+        let mut r = crate::common::crio_create_req(&good);
         r.id = id.into();
         let e = client.create(ctx(), &r).await.unwrap_err();
         assert_eq!(code(&e), Code::INVALID_ARGUMENT, "id {id:?}: {}", message(&e));
     }
 
     // Duplicate create.
-    client.create(ctx(), &req(&good)).await.unwrap();
-    let e = client.create(ctx(), &req(&good)).await.unwrap_err();
+    client
+        .create(ctx(), &crate::common::crio_create_req(&good))
+        .await
+        .unwrap();
+    let e = client
+        .create(ctx(), &crate::common::crio_create_req(&good))
+        .await
+        .unwrap_err();
     assert_eq!(code(&e), Code::ALREADY_EXISTS, "{}", message(&e));
 
     // Wrong state: pause before start, delete while running.
@@ -214,46 +216,6 @@ async fn bad_requests_fail_cleanly_with_the_right_code() {
         assert!(!rt.exists(), "runtime state left for {id}");
     }
 
-    client
-        .kill(
-            ctx(),
-            &KillRequest {
-                id: "good".into(),
-                signal: 9,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    client
-        .wait(
-            ctx(),
-            &WaitRequest {
-                id: "good".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    client
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: "good".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    client
-        .shutdown(
-            ctx(),
-            &ShutdownRequest {
-                id: "good".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    crate::common::crio_kill_and_remove(&client, "good").await;
     assert_clean(env, &ns);
 }

@@ -4,23 +4,13 @@
 use std::time::Duration;
 
 use containerd_shim_protos::api::{
-    ConnectRequest, CreateTaskRequest, DeleteRequest, KillRequest, ShutdownRequest, StartRequest, StateRequest, Status,
-    WaitRequest,
+    ConnectRequest, DeleteRequest, KillRequest, ShutdownRequest, StartRequest, StateRequest, Status, WaitRequest,
 };
 
 use crate::common::{
     assert_clean, code, crio_bundle, crio_start, ctx, env, message, open_fifo_reader, read_fifo, task_client, text,
     wait_until,
 };
-
-fn create_req(b: &crate::common::CrioBundle) -> CreateTaskRequest {
-    CreateTaskRequest {
-        id: b.id.clone(),
-        bundle: b.dir.to_str().unwrap().into(),
-        stdout: b.stdout.to_str().unwrap().into(),
-        ..Default::default()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crio_lifecycle_grouping_and_shutdown() {
@@ -42,7 +32,10 @@ async fn crio_lifecycle_grouping_and_shutdown() {
 
     let client = task_client(&address).await;
     let _infra_out = open_fifo_reader(&infra.stdout);
-    let created = client.create(ctx(), &create_req(&infra)).await.unwrap();
+    let created = client
+        .create(ctx(), &crate::common::crio_create_req(&infra))
+        .await
+        .unwrap();
     assert!(created.pid > 0);
     client
         .start(
@@ -79,7 +72,10 @@ async fn crio_lifecycle_grouping_and_shutdown() {
     // CRI-O opens one connection per container.
     let client2 = task_client(&address).await;
     let mut app_out = open_fifo_reader(&app.stdout);
-    client2.create(ctx(), &create_req(&app)).await.unwrap();
+    client2
+        .create(ctx(), &crate::common::crio_create_req(&app))
+        .await
+        .unwrap();
     client2
         .start(
             ctx(),
@@ -293,7 +289,7 @@ async fn terminal_init_and_resize_pty() {
     assert!(o.status.success(), "{}", text(&o));
     let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
     let mut out = open_fifo_reader(&b.stdout);
-    let mut req = create_req(&b);
+    let mut req = crate::common::crio_create_req(&b);
     req.terminal = true;
     req.stderr = b.dir.join("stderr-unused").to_str().unwrap().into();
     client.create(ctx(), &req).await.unwrap();

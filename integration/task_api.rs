@@ -5,9 +5,7 @@ use std::io::Write;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use containerd_shim_protos::api::{
-    CheckpointTaskRequest, DeleteRequest, KillRequest, ShutdownRequest, StartRequest, UpdateTaskRequest, WaitRequest,
-};
+use containerd_shim_protos::api::{CheckpointTaskRequest, StartRequest, UpdateTaskRequest};
 use protobuf::well_known_types::any::Any;
 
 use crate::common::{
@@ -308,47 +306,7 @@ async fn update_changes_live_limits_and_checkpoint_says_why_not() {
         }
     }
 
-    client
-        .kill(
-            ctx(),
-            &KillRequest {
-                id: "upd".into(),
-                signal: 9,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    client
-        .wait(
-            ctx(),
-            &WaitRequest {
-                id: "upd".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    client
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: "upd".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    client
-        .shutdown(
-            ctx(),
-            &ShutdownRequest {
-                id: "upd".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    crate::common::crio_kill_and_remove(&client, "upd").await;
     assert_clean(env, &ns);
 }
 

@@ -568,3 +568,55 @@ pub fn runtimeoptions_any(config_path: &Path) -> protobuf::well_known_types::any
     any.value = value;
     any
 }
+
+/// The Create request CRI-O sends for a bundle made by [`crio_bundle`].
+pub fn crio_create_req(b: &CrioBundle) -> containerd_shim_protos::api::CreateTaskRequest {
+    containerd_shim_protos::api::CreateTaskRequest {
+        id: b.id.clone(),
+        bundle: b.dir.to_str().unwrap().into(),
+        stdout: b.stdout.to_str().unwrap().into(),
+        ..Default::default()
+    }
+}
+
+/// SIGKILL, Wait, Delete and Shutdown of one container, as CRI-O tears it down.
+pub async fn crio_kill_and_remove(client: &containerd_shim_protos::shim_async::TaskClient, id: &str) {
+    use containerd_shim_protos::api::{DeleteRequest, KillRequest, ShutdownRequest, WaitRequest};
+    let id = id.to_string();
+    let kill = KillRequest {
+        id: id.clone(),
+        signal: 9,
+        ..Default::default()
+    };
+    client.kill(ctx(), &kill).await.unwrap();
+    client
+        .wait(
+            ctx(),
+            &WaitRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    client
+        .delete(
+            ctx(),
+            &DeleteRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    client
+        .shutdown(
+            ctx(),
+            &ShutdownRequest {
+                id,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+}
