@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use containerd_shim_protos::api::{CreateTaskRequest, DeleteRequest, ShutdownRequest, StartRequest, WaitRequest};
+use containerd_shim_protos::api::{DeleteRequest, ShutdownRequest, StartRequest, WaitRequest};
 
 use crate::common::{assert_clean, crio_bundle, crio_start, ctx, env, open_fifo_reader, task_client, text};
 
@@ -68,12 +68,7 @@ async fn crio_oom_writes_the_marker_before_wait_returns() {
     assert!(o.status.success(), "{}", text(&o));
     let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
     let _out = open_fifo_reader(&b.stdout);
-    let req = CreateTaskRequest {
-        id: "hog".into(),
-        bundle: b.dir.to_str().unwrap().into(),
-        stdout: b.stdout.to_str().unwrap().into(),
-        ..Default::default()
-    };
+    let req = crate::common::crio_create_req(&b);
     client.create(ctx(), &req).await.unwrap();
     assert!(!b.dir.join("oom").exists());
     client

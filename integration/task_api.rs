@@ -226,12 +226,7 @@ async fn update_changes_live_limits_and_checkpoint_says_why_not() {
     assert!(o.status.success(), "{}", text(&o));
     let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
     let _out = open_fifo_reader(&b.stdout);
-    let req = containerd_shim_protos::api::CreateTaskRequest {
-        id: "upd".into(),
-        bundle: b.dir.to_str().unwrap().into(),
-        stdout: b.stdout.to_str().unwrap().into(),
-        ..Default::default()
-    };
+    let req = crate::common::crio_create_req(&b);
     client.create(ctx(), &req).await.unwrap();
     client
         .start(

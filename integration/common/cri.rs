@@ -217,33 +217,15 @@ state = {state:?}
     let path = format!("{}:{}", shim_dir.display(), std::env::var("PATH").unwrap_or_default());
     let log = dir.join("containerd.log");
     let log_file = std::fs::File::create(&log).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    // As in `common::env()`: a thread that never ends holds containerd, and PDEATHSIG ends
-    // containerd with the test binary.
-    #[allow(clippy::zombie_processes)]
-    std::thread::spawn(move || {
-        use std::os::unix::process::CommandExt;
-        let mut cmd = Command::new("containerd");
-        cmd.arg("--config")
-            .arg(&cd_config)
-            .env("PATH", &path)
-            // gantry must find its config through the handler's ConfigPath alone.
-            .env_remove("GANTRY_CONFIG")
-            .stdout(log_file.try_clone().unwrap())
-            .stderr(log_file);
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().expect("start containerd (apt-get install containerd)");
-        tx.send(child.id()).unwrap();
-        loop {
-            std::thread::park();
-        }
-    });
-    rx.recv().unwrap();
+    let mut cmd = Command::new("containerd");
+    cmd.arg("--config")
+        .arg(&cd_config)
+        .env("PATH", &path)
+        // gantry must find its config through the handler's ConfigPath alone.
+        .env_remove("GANTRY_CONFIG")
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file);
+    super::spawn_for_life(cmd);
 
     let c = Cri {
         dir: dir.clone(),

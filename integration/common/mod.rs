@@ -107,33 +107,14 @@ pub fn env() -> &'static Env {
         let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
         let cd_config2 = cd_config.clone();
         let config2 = config.clone();
-        // containerd is started from a thread that never ends, with PDEATHSIG, so it dies
-        // with this test binary whatever way the binary ends.
-        let (tx, rx) = std::sync::mpsc::channel();
-        // containerd lives as long as the test binary; PDEATHSIG ends it.
-        #[allow(clippy::zombie_processes)]
-        std::thread::spawn(move || {
-            use std::os::unix::process::CommandExt;
-            let mut cmd = Command::new("containerd");
-            cmd.arg("--config")
-                .arg(&cd_config2)
-                .env("PATH", &path)
-                .env("GANTRY_CONFIG", &config2)
-                .stdout(log.try_clone().unwrap())
-                .stderr(log);
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
-            let child = cmd.spawn().expect("start containerd (apt-get install containerd)");
-            tx.send(child.id()).unwrap();
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv().unwrap();
+        let mut cmd = Command::new("containerd");
+        cmd.arg("--config")
+            .arg(&cd_config2)
+            .env("PATH", &path)
+            .env("GANTRY_CONFIG", &config2)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        spawn_for_life(cmd);
         let env = Env {
             dir: dir.clone(),
             ctr_sock,
@@ -619,4 +600,33 @@ pub async fn crio_kill_and_remove(client: &containerd_shim_protos::shim_async::T
         )
         .await
         .unwrap();
+}
+
+/// Starts a service (containerd) that lives exactly as long as this test binary: it is spawned
+/// from a thread that never ends, with PDEATHSIG, so it dies however the binary ends.
+pub fn spawn_for_life(mut cmd: Command) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    #[allow(clippy::zombie_processes)]
+    std::thread::spawn(move || {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn();
+        let ok = child.is_ok();
+        tx.send(child.map(|c| c.id()).map_err(|e| e.to_string())).unwrap();
+        if !ok {
+            return;
+        }
+        loop {
+            std::thread::park();
+        }
+    });
+    rx.recv()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("start containerd: {e} (apt-get install containerd)"));
 }
