@@ -1,8 +1,8 @@
 //! Loading CDI spec directories and resolving requested devices to edits.
 //!
-//! Parsing and validation use the `container-device-interface` crate
-//! (`spec::parse_spec` for YAML, its `specs::config::Spec` serde types for
-//! JSON, `spec::new_spec` for version, name, schema and edit checks). Its
+//! Parsing uses the `container-device-interface` crate (`spec::parse_spec`
+//! for YAML, its `specs::config::Spec` serde types for JSON); `cdi_check`
+//! applies CDI's semantic checks (version, names, annotations, edits). Its
 //! `Cache` is not used: it prints, resolves same-directory conflicts by
 //! silently dropping the device, and its edits do not dedup or honour
 //! `dev_root`. Because the crate keeps most spec fields `pub(crate)`, a
@@ -265,8 +265,7 @@ fn load_file(path: &Path, priority: usize) -> Result<LoadedSpec, Broken> {
     } else {
         container_device_interface::spec::parse_spec(&pathbuf).map_err(|e| malformed(format!("{e:#}")))?
     };
-    let prio = i32::try_from(priority).unwrap_or(i32::MAX);
-    container_device_interface::spec::new_spec(&raw, &pathbuf, prio).map_err(|e| malformed(format!("{e:#}")))?;
+    super::cdi_check::check(&raw).map_err(malformed)?;
     let mirror: RawSpec = serde_json::to_value(&raw)
         .and_then(serde_json::from_value)
         .map_err(|e| malformed(e.to_string()))?;
@@ -563,7 +562,7 @@ containerEdits:
         assert!(msg.contains(&bad.display().to_string()) && msg.contains("EOF"), "{msg}");
         assert!(reg.broken[1].message.contains("bogusField"), "{:?}", reg.broken[1]);
         assert!(
-            reg.broken[2].message.contains("empty device edits"),
+            reg.broken[2].message.contains("no containerEdits"),
             "{:?}",
             reg.broken[2]
         );

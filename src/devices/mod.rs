@@ -15,6 +15,7 @@
 //! the `gantry.dev/injected-devices` annotation.
 
 mod cdi;
+mod cdi_check;
 mod config;
 pub mod discover;
 pub mod edits;
