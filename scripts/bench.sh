@@ -63,8 +63,10 @@ fi
 echo "== building gantry and the shim driver (release)"
 cargo build --release --quiet
 cargo build --release --quiet --example shim_driver
-gantry_bin="$repo/target/release/containerd-shim-gantry-v2"
-driver="$repo/target/release/examples/shim_driver"
+# .cargo/config.toml names the target, so release artifacts live under target/<host triple>/.
+rel="$repo/target/$(rustc -vV | sed -n "s/^host: //p")/release"
+gantry_bin="$rel/containerd-shim-gantry-v2"
+driver="$rel/examples/shim_driver"
 go_bin=$(command -v containerd-shim-runc-v2) || { echo "bench.sh: containerd-shim-runc-v2 not found" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/gantry-bench.XXXXXX)
@@ -182,7 +184,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [ttrpc]
   address = "$sock.ttrpc"
 TOML
-PATH="$repo/target/release:$PATH" GANTRY_CONFIG="$work/gantry-runc.toml" \
+PATH="$rel:$PATH" GANTRY_CONFIG="$work/gantry-runc.toml" \
   containerd --config "$work/containerd.toml" >"$work/containerd.log" 2>&1 &
 cd_pid=$!
 for _ in $(seq 100); do ctr_ version >/dev/null 2>&1 && break; sleep 0.1; done

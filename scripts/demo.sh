@@ -13,7 +13,8 @@ fi
 scripts/deps.sh
 echo "== building gantry (release)"
 cargo build --release --quiet
-bin="$repo/target/release"
+# .cargo/config.toml names the target, so release artifacts live under target/<host triple>/.
+bin="$repo/target/$(rustc -vV | sed -n "s/^host: //p")/release"
 
 work=$(mktemp -d /tmp/gantry-demo.XXXXXX)
 cd_pid=""

@@ -21,7 +21,8 @@ readonly CONTAINERD_SRC=$REPO_ROOT/runtime-conf/containerd/config.toml
 
 PREFIX=/usr/local
 SYSCONFDIR=/etc
-BINARY=$REPO_ROOT/target/release/$SHIM_NAME
+# .cargo/config.toml names the target: release artifacts live under target/<host triple>/.
+BINARY=$REPO_ROOT/target/$( (rustc -vV 2>/dev/null || true) | sed -n "s/^host: //p")/release/$SHIM_NAME
 CONFIG_SRC=$REPO_ROOT/runtime-conf/gantry.toml
 ENGINE=auto
 FORCE=0
@@ -40,7 +41,7 @@ Install (default) or remove (--uninstall) the gantry runtime handler.
 
 Options:
   --binary PATH      shim binary to install
-                     (default: <repo>/target/release/$SHIM_NAME)
+                     (default: <repo>/target/<host triple>/release/$SHIM_NAME)
   --config PATH      gantry config file to install
                      (default: <repo>/runtime-conf/gantry.toml)
   --prefix DIR       installation prefix; the binary goes to DIR/bin
