@@ -356,9 +356,15 @@ do_install() {
         fi
     fi
 
+    # The build keeps its symbol table (scripts/symbol-order.sh reads it); the installed copy
+    # goes without. Not loaded at run time either way, but there is no use for it on a node.
+    local bin_src=$WORKDIR/$SHIM_NAME
+    cp -- "$BINARY" "$bin_src"
+    if command -v strip >/dev/null 2>&1; then strip --strip-all -- "$bin_src" 2>/dev/null || cp -- "$BINARY" "$bin_src"; fi
+
     if [[ ! -e $BIN_DST ]]; then
         bin_state=new
-    elif [[ -x $BIN_DST ]] && cmp -s -- "$BINARY" "$BIN_DST"; then
+    elif [[ -x $BIN_DST ]] && cmp -s -- "$bin_src" "$BIN_DST"; then
         bin_state=same
     else
         bin_state=replace
@@ -371,7 +377,7 @@ do_install() {
     same) say "unchanged $BIN_DST" ;;
     *)
         ensure_dir "$BIN_DIR"
-        put_file 0755 "$BINARY" "$BIN_DST"
+        put_file 0755 "$bin_src" "$BIN_DST"
         if [[ $bin_state == new ]]; then say "installed $BIN_DST"; else say "updated $BIN_DST"; fi
         ;;
     esac
