@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -62,6 +63,9 @@ pub struct Spawn<'a> {
 #[derive(Debug, Clone)]
 pub struct OciRuntime {
     pub binary: String,
+    /// `binary` resolved against PATH once, as Go's `exec.LookPath` does for the runc shim:
+    /// a bare name would otherwise cost a failed `execve` per PATH entry at every invocation.
+    program: PathBuf,
     pub root: PathBuf,
     pub systemd_cgroup: bool,
     /// JSON log the runtime writes errors into (`--log`), kept inside the bundle.
@@ -76,10 +80,28 @@ pub struct RuntimeState {
     pub status: String,
 }
 
+/// The executable `name` runs: itself when it holds a `/`, else the first executable regular
+/// file of that name in `path` (a `PATH` value). Unresolved names stay as given, so spawning
+/// fails with the name the operator configured.
+fn look_path(name: &str, path: Option<&std::ffi::OsStr>) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    if name.contains('/') {
+        return PathBuf::from(name);
+    }
+    let executable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    path.into_iter()
+        .flat_map(std::env::split_paths)
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .map(|dir| dir.join(name))
+        .find(|p| executable(p))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
 impl OciRuntime {
     pub fn new(binary: &str, root: PathBuf, systemd_cgroup: bool, log: PathBuf, reaper: Reaper) -> Self {
         Self {
             binary: binary.to_string(),
+            program: look_path(binary, std::env::var_os("PATH").as_deref()),
             root,
             systemd_cgroup,
             log,
@@ -88,7 +110,8 @@ impl OciRuntime {
     }
 
     fn command(&self, args: &[OsString]) -> Command {
-        let mut cmd = Command::new(&self.binary);
+        let mut cmd = Command::new(&self.program);
+        cmd.arg0(&self.binary);
         cmd.arg("--root").arg(&self.root);
         cmd.arg("--log").arg(&self.log).arg("--log-format").arg("json");
         if self.systemd_cgroup {
@@ -323,6 +346,27 @@ pub fn parse_log_errors(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtime_binary_is_looked_up_once_in_path() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        // in `a` but not executable, a directory of that name in `b`: both skipped
+        std::fs::write(a.join("rt"), "").unwrap();
+        std::fs::create_dir(b.join("rt")).unwrap();
+        let c = dir.path().join("c");
+        std::fs::create_dir_all(&c).unwrap();
+        std::fs::write(c.join("rt"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(c.join("rt"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = std::env::join_paths([&a, &b, &c]).unwrap();
+        assert_eq!(look_path("rt", Some(&path)), c.join("rt"));
+        assert_eq!(look_path("missing", Some(&path)), PathBuf::from("missing"));
+        assert_eq!(look_path("./rt", Some(&path)), PathBuf::from("./rt"));
+        assert_eq!(look_path("/usr/bin/rt", None), PathBuf::from("/usr/bin/rt"));
+    }
 
     #[test]
     fn log_errors_are_extracted() {
