@@ -73,6 +73,23 @@ pub fn load(bundle: &Path) -> Result<(Spec, Vec<u8>), SpecError> {
     Ok((spec, raw))
 }
 
+/// Only the annotations of the bundle's config.json: `start` needs nothing else, and skipping
+/// the rest is cheaper than building a whole `Spec` in a process that lives a millisecond.
+pub fn load_annotations(bundle: &Path) -> Result<HashMap<String, String>, SpecError> {
+    #[derive(serde::Deserialize)]
+    struct Annotated {
+        #[serde(default)]
+        annotations: Option<HashMap<String, String>>,
+    }
+    let path = config_path(bundle);
+    let raw = std::fs::read(&path).map_err(|source| SpecError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let a: Annotated = serde_json::from_slice(&raw).map_err(|source| SpecError::Parse { path, source })?;
+    Ok(a.annotations.unwrap_or_default())
+}
+
 pub fn save(bundle: &Path, spec: &Spec) -> Result<(), SpecError> {
     let path = config_path(bundle);
     let data = serde_json::to_vec(spec).map_err(|e| SpecError::Write {
@@ -163,6 +180,27 @@ mod tests {
         std::fs::write(dir.path().join("config.json"), "{\"ociVersion\": 1,,}").unwrap();
         let e = load(dir.path()).unwrap_err().to_string();
         assert!(e.contains("config.json") && e.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn start_reads_only_annotations() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("config.json");
+        std::fs::write(
+            &cfg,
+            r#"{"ociVersion":"1.0.2","process":{"args":["sh"],"cwd":"/"},"root":{"path":"rootfs"},
+                "annotations":{"io.kubernetes.cri-o.SandboxID":"pod9"},"linux":{"namespaces":[]}}"#,
+        )
+        .unwrap();
+        let a = load_annotations(dir.path()).unwrap();
+        assert_eq!(group_id(&a).as_deref(), Some("pod9"));
+        std::fs::write(&cfg, r#"{"ociVersion":"1.0.2"}"#).unwrap();
+        assert!(load_annotations(dir.path()).unwrap().is_empty());
+        std::fs::write(&cfg, "{").unwrap();
+        assert!(load_annotations(dir.path())
+            .unwrap_err()
+            .to_string()
+            .contains("config.json"));
     }
 
     #[test]
