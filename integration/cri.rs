@@ -226,9 +226,13 @@ async fn cri_gantry_pod_lifecycle() {
     assert_eq!(sandbox_daemons.len(), 1, "{sandbox_daemons:?}");
     let daemon = sandbox_daemons[0].pid;
     assert_eq!(bundle_shim_pid(cri, &pod), daemon);
-    let socket = crate::common::cri::flag(&sandbox_daemons[0].args, "-socket")
-        .unwrap()
-        .to_string();
+    // containerd reads the address `start` wrote; the daemon listening there is this one.
+    let address = std::fs::read_to_string(cri.bundle(&pod).join("address")).unwrap();
+    let socket = address.trim().trim_start_matches("unix://").to_string();
+    let conn = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let peer = nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials).unwrap();
+    assert_eq!(peer.pid(), daemon, "{socket} is served by another process");
+    drop(conn);
     assert!(
         socket.starts_with(cri.socket_dir.to_str().unwrap()),
         "{socket} not in {}",

@@ -2,14 +2,12 @@
 //! its address), `delete` (clean up after a daemon that died), and the probes (`-v`, `-info`,
 //! `features`, `check-config`), none of which starts a daemon.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use containerd_shim_protos::api::DeleteResponse;
@@ -111,14 +109,24 @@ pub fn bundle_dir(flags: &Flags) -> PathBuf {
     std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
 }
 
-/// `start`: returns the `unix://` address of the daemon for this container's group.
-pub fn start(flags: &Flags, stdin: &[u8]) -> Result<String, BootstrapError> {
+/// What `start` leaves this process to do.
+#[derive(Debug)]
+pub enum Started {
+    /// The engine's answer (`unix://...`): print it and exit.
+    Address(String),
+    /// This process is the pod's freshly forked daemon: serve with these flags.
+    Daemon(Flags),
+}
+
+/// `start`: finds or spawns the daemon for this container's group and returns its `unix://`
+/// address, or, in the forked daemon itself, the flags to serve with.
+pub fn start(flags: &Flags, stdin: &[u8]) -> Result<Started, BootstrapError> {
     let bundle = bundle_dir(flags);
     let engine = options::from_stdin(stdin, &flags.id, &flags.namespace);
     let (config, _) = Config::resolve(engine.config_path.as_deref())?;
-    let group = spec::load(&bundle)
+    let group = spec::load_annotations(&bundle)
         .ok()
-        .and_then(|(s, _)| spec::group_id(&spec::annotations(&s)))
+        .and_then(|a| spec::group_id(&a))
         .unwrap_or_else(|| flags.id.clone());
     let socket_dir = &config.shim.socket_dir;
     std::fs::create_dir_all(socket_dir).map_err(io_err("create", socket_dir))?;
@@ -132,12 +140,19 @@ pub fn start(flags: &Flags, stdin: &[u8]) -> Result<String, BootstrapError> {
 
     let pid = match UnixStream::connect(&sock) {
         Ok(conn) => peer_pid(&conn).unwrap_or(0),
-        Err(_) => spawn_daemon(flags, &bundle, &sock, &engine)?,
+        Err(_) => match spawn_daemon(flags, &bundle, &sock, &engine)? {
+            Spawned::Parent(pid) => pid,
+            Spawned::Child(daemon) => {
+                // The lock's descriptor is already closed here; unlocking belongs to the parent.
+                std::mem::forget(dir);
+                return Ok(Started::Daemon(daemon));
+            }
+        },
     };
     drop(dir);
     std::fs::write(bundle.join("address"), &address).map_err(io_err("write", &bundle))?;
     std::fs::write(bundle.join("shim.pid"), pid.to_string()).map_err(io_err("write", &bundle))?;
-    Ok(address)
+    Ok(Started::Address(address))
 }
 
 fn bind_unlistened(path: &Path) -> std::io::Result<OwnedFd> {
@@ -153,8 +168,20 @@ fn peer_pid(conn: &UnixStream) -> Option<i32> {
         .map(|c| c.pid())
 }
 
-/// Binds the socket, spawns the daemon on it and waits until it serves. Returns its pid.
-fn spawn_daemon(flags: &Flags, bundle: &Path, sock: &Path, engine: &EngineOptions) -> Result<i32, BootstrapError> {
+enum Spawned {
+    /// In `start`: the daemon serves; its pid.
+    Parent(i32),
+    /// In the daemon: the flags to serve with.
+    Child(Flags),
+}
+
+/// Binds the socket, forks the daemon on it and waits until it serves.
+///
+/// A fork without exec: `start` is single-threaded (no runtime, no helper thread), so the
+/// child can simply go on as the daemon. Each exec costs a static glibc's start-up, whose
+/// CPUID-based cache probing is slow under virtualisation, plus page-table and page-fault work;
+/// a container start saves one of them.
+fn spawn_daemon(flags: &Flags, bundle: &Path, sock: &Path, engine: &EngineOptions) -> Result<Spawned, BootstrapError> {
     let _ = std::fs::remove_file(sock);
     // Bound here, listened on by the daemon: SO_PEERCRED then names the daemon, which is how
     // a later `start` of the same pod learns its pid.
@@ -168,48 +195,66 @@ fn spawn_daemon(flags: &Flags, bundle: &Path, sock: &Path, engine: &EngineOption
         .map_err(cleanup)?;
     let (ready_r, ready_w) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cleanup(io_err("pipe", sock)(e.into())))?;
-    let exe = std::env::current_exe().map_err(|e| cleanup(io_err("locate self", sock)(e)))?;
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        "-namespace",
-        &flags.namespace,
-        "-id",
-        &flags.id,
-        "-address",
-        &flags.address,
-    ]);
-    cmd.args(["-publish-binary", &flags.publish_binary]);
-    cmd.arg("-socket").arg(sock);
-    if flags.debug {
-        cmd.arg("-debug");
-    }
-    if let Some(p) = &engine.config_path {
-        cmd.env(crate::config::CONFIG_ENV, p);
-    }
-    cmd.current_dir(bundle)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let listen_fd = listener.as_raw_fd();
-    let ready_fd = ready_w.as_raw_fd();
-    // SAFETY: only async-signal-safe calls (setsid, fcntl, dup2) between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::unistd::setsid()?;
-            crate::sys::install_fds(&[listen_fd, ready_fd], LISTENER_FD)
-        });
-    }
-    let child = cmd.spawn().map_err(|e| cleanup(io_err("spawn daemon for", sock)(e)))?;
-    drop(ready_w);
-    drop(listener);
-    let pid = child.id() as i32;
-    match wait_ready(ready_r, Duration::from_secs(10)) {
-        Ok(()) => Ok(pid),
-        Err(e) => {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-            Err(cleanup(e))
+    let daemon = Flags {
+        socket: sock.display().to_string(),
+        ..flags.clone()
+    };
+    // SAFETY: this process has one thread (see above), so the child may allocate and run any
+    // code; it only rearranges descriptors before returning to `main` as the daemon.
+    match unsafe { nix::unistd::fork() } {
+        Err(e) => Err(cleanup(io_err("fork daemon for", sock)(e.into()))),
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(ready_r);
+            let (listen, ready) = (listener.into_raw_fd(), ready_w.into_raw_fd());
+            if become_daemon(listen, ready, bundle, engine).is_err() {
+                // The parent sees the ready pipe close and reports the failure.
+                // SAFETY: ends this forked child without running the parent's exit handlers.
+                unsafe { libc::_exit(1) };
+            }
+            Ok(Spawned::Child(daemon))
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            drop(ready_w);
+            drop(listener);
+            match wait_ready(ready_r, Duration::from_secs(10)) {
+                Ok(()) => Ok(Spawned::Parent(child.as_raw())),
+                Err(e) => {
+                    let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                    let _ = nix::sys::wait::waitpid(child, None);
+                    Err(cleanup(e))
+                }
+            }
         }
     }
+}
+
+/// In the forked child: a session of its own, the bundle as working directory, stdio on
+/// /dev/null, the listener and ready pipe at fds 3 and 4 and nothing else open (what an exec
+/// with close-on-exec descriptors would have left), the engine's config path in the
+/// environment, and "serve" in place of "start" in its command line.
+fn become_daemon(listen: RawFd, ready: RawFd, bundle: &Path, engine: &EngineOptions) -> std::io::Result<()> {
+    nix::unistd::setsid()?;
+    std::env::set_current_dir(bundle)?;
+    let null = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?
+        .into_raw_fd();
+    for fd in 0..3 {
+        if fd != null {
+            nix::unistd::dup2(null, fd)?;
+        }
+    }
+    if null > 2 {
+        nix::unistd::close(null)?;
+    }
+    crate::sys::install_fds(&[listen, ready], LISTENER_FD)?;
+    crate::sys::close_fds_from(READY_FD + 1)?;
+    if let Some(p) = &engine.config_path {
+        std::env::set_var(crate::config::CONFIG_ENV, p);
+    }
+    crate::sys::retitle_action("start", "serve");
+    Ok(())
 }
 
 fn wait_ready(ready: OwnedFd, timeout: Duration) -> Result<(), BootstrapError> {

@@ -84,6 +84,11 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger) -> Result<(), DaemonEr
 
     // SAFETY: `start` handed us this bound socket as fd 3; nothing else owns it.
     let listener = unsafe { std::os::fd::OwnedFd::from_raw_fd(LISTENER_FD) };
+    // Not for the runtimes and containers this daemon spawns.
+    let _ = nix::fcntl::fcntl(
+        LISTENER_FD,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    );
     nix::sys::socket::listen(&listener, nix::sys::socket::Backlog::MAXCONN)
         .map_err(|e| DaemonError::Listener(ttrpc::Error::Others(e.to_string())))?;
     // SAFETY: ownership of the listening socket passes to the server.

@@ -32,8 +32,14 @@ fn run() -> Result<()> {
         Action::CheckConfig(path) => out.write_all(bootstrap::check_config(path.as_deref())?.as_bytes())?,
         Action::Start => {
             let stdin = bootstrap::read_stdin();
-            let address = bootstrap::start(&flags, &stdin)?;
-            out.write_all(address.as_bytes())?;
+            match bootstrap::start(&flags, &stdin)? {
+                bootstrap::Started::Address(address) => out.write_all(address.as_bytes())?,
+                // The forked daemon: `start`'s work is done, this process serves from here on.
+                bootstrap::Started::Daemon(daemon_flags) => {
+                    drop(stdin);
+                    daemon::serve(&daemon_flags)?
+                }
+            }
         }
         Action::Delete => {
             let resp = current_thread()?.block_on(bootstrap::delete(&flags))?;

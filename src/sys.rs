@@ -30,6 +30,60 @@ pub fn install_fds(fds: &[RawFd], first: RawFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Closes every descriptor numbered `first` or above, as an exec would close close-on-exec
+/// ones: for a process that forks without exec'ing.
+pub fn close_fds_from(first: RawFd) -> std::io::Result<()> {
+    // SAFETY: close_range only closes descriptors; none above `first` is used afterwards.
+    if unsafe { libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, 0) } == 0 {
+        return Ok(());
+    }
+    // Kernels before 5.9: close what /proc lists (collected first: the listing holds an fd).
+    let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd >= first)
+        .collect();
+    for fd in open {
+        // SAFETY: as above; EBADF for the listing's own, already closed fd is harmless.
+        unsafe { libc::close(fd) };
+    }
+    Ok(())
+}
+
+/// Replaces this process's last command-line word `from` with `to` (same length) where
+/// `ps` and /proc/PID/cmdline read it, so a daemon forked from `start` shows as such. Best
+/// effort: the words live in this process's own stack, written through /proc/self/mem.
+pub fn retitle_action(from: &str, to: &str) {
+    use std::os::unix::fs::FileExt;
+    if from.len() != to.len() {
+        return;
+    }
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    // Fields after the parenthesised command name; arg_end is field 49 of the whole line.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return;
+    };
+    let Some(arg_end) = rest.split_whitespace().nth(49 - 3).and_then(|v| v.parse::<u64>().ok()) else {
+        return;
+    };
+    let want = format!("{from}\0");
+    let Some(at) = arg_end.checked_sub(want.len() as u64) else {
+        return;
+    };
+    let Ok(mem) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/proc/self/mem")
+    else {
+        return;
+    };
+    let mut cur = vec![0u8; want.len()];
+    if mem.read_exact_at(&mut cur, at).is_ok() && cur == want.as_bytes() {
+        let _ = mem.write_all_at(to.as_bytes(), at);
+    }
+}
+
 /// Serialises unit tests that own child processes with the reaper test that reaps any child
 /// (waitpid(-1)), so it never steals another test's exit status.
 #[cfg(test)]
