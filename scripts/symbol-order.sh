@@ -44,7 +44,7 @@ trap cleanup EXIT
 mkdir -p "$work/bin" "$work/cg"
 cat >"$work/bin/containerd-shim-gantry-v2" <<SH
 #!/bin/sh
-exec valgrind -q --tool=callgrind --trace-children=yes --trace-children-skip='*runc*,*crun*' \\
+exec valgrind -q --log-file=$work/vg.%p.log --vgdb=no --tool=callgrind --trace-children=yes --trace-children-skip='*runc*,*crun*' \\
   --demangle=no --compress-strings=no --compress-pos=no --callgrind-out-file=$work/cg/cg.%p \\
   $bin "\$@"
 SH
