@@ -235,6 +235,8 @@ fn spawn_daemon(flags: &Flags, bundle: &Path, sock: &Path, engine: &EngineOption
 fn become_daemon(listen: RawFd, ready: RawFd, bundle: &Path, engine: &EngineOptions) -> std::io::Result<()> {
     nix::unistd::setsid()?;
     std::env::set_current_dir(bundle)?;
+    // First, so that stdio replaced below can never be one of them.
+    crate::sys::install_fds(&[listen, ready], LISTENER_FD)?;
     let null = OpenOptions::new()
         .read(true)
         .write(true)
@@ -248,7 +250,6 @@ fn become_daemon(listen: RawFd, ready: RawFd, bundle: &Path, engine: &EngineOpti
     if null > 2 {
         nix::unistd::close(null)?;
     }
-    crate::sys::install_fds(&[listen, ready], LISTENER_FD)?;
     crate::sys::close_fds_from(READY_FD + 1)?;
     if let Some(p) = &engine.config_path {
         std::env::set_var(crate::config::CONFIG_ENV, p);
