@@ -1,13 +1,14 @@
 //! Loading CDI spec directories and resolving requested devices to edits.
 //!
-//! Parsing uses the `container-device-interface` crate (`spec::parse_spec`
-//! for YAML, its `specs::config::Spec` serde types for JSON); `cdi_check`
+//! Parsing uses the `container-device-interface` crate's
+//! `specs::config::Spec` serde types (JSON or YAML); `cdi_check`
 //! applies CDI's semantic checks (version, names, annotations, edits). Its
 //! `Cache` is not used: it prints, resolves same-directory conflicts by
 //! silently dropping the device, and its edits do not dedup or honour
 //! `dev_root`. Because the crate keeps most spec fields `pub(crate)`, a
 //! validated spec is re-read through serde into the mirror types below.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -21,54 +22,60 @@ use super::edits::{EditSet, HookEdit, HookStage, NodeEdit};
 use super::request::QualifiedName;
 use super::DeviceError;
 
+/// A spec read through serde: the crate keeps its own fields `pub(crate)`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawSpec {
-    kind: String,
-    devices: Vec<RawDevice>,
-    container_edits: Option<RawEdits>,
+pub(super) struct RawSpec {
+    pub(super) cdi_version: String,
+    pub(super) kind: String,
+    #[serde(default)]
+    pub(super) annotations: BTreeMap<String, String>,
+    pub(super) devices: Vec<RawDevice>,
+    pub(super) container_edits: Option<RawEdits>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct RawDevice {
-    name: String,
+    pub(super) name: String,
     #[serde(default)]
-    container_edits: RawEdits,
+    pub(super) annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub(super) container_edits: RawEdits,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct RawEdits {
-    env: Option<Vec<String>>,
-    device_nodes: Option<Vec<RawNode>>,
-    hooks: Option<Vec<RawHook>>,
-    mounts: Option<Vec<RawMount>>,
-    additional_gids: Option<Vec<u32>>,
-    net_devices: Option<serde_json::Value>,
-    intel_rdt: Option<serde_json::Value>,
+    pub(super) env: Option<Vec<String>>,
+    pub(super) device_nodes: Option<Vec<RawNode>>,
+    pub(super) hooks: Option<Vec<RawHook>>,
+    pub(super) mounts: Option<Vec<RawMount>>,
+    pub(super) additional_gids: Option<Vec<u32>>,
+    pub(super) net_devices: Option<serde_json::Value>,
+    pub(super) intel_rdt: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawNode {
-    path: String,
+pub(super) struct RawNode {
+    pub(super) path: String,
     host_path: Option<String>,
     #[serde(rename = "type")]
-    typ: Option<String>,
+    pub(super) typ: Option<String>,
     major: Option<i64>,
     minor: Option<i64>,
     file_mode: Option<u32>,
-    permissions: Option<String>,
+    pub(super) permissions: Option<String>,
     uid: Option<u32>,
     gid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawMount {
-    host_path: String,
-    container_path: String,
+pub(super) struct RawMount {
+    pub(super) host_path: String,
+    pub(super) container_path: String,
     #[serde(rename = "type")]
     typ: Option<String>,
     options: Option<Vec<String>>,
@@ -76,11 +83,11 @@ struct RawMount {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawHook {
-    hook_name: String,
-    path: String,
+pub(super) struct RawHook {
+    pub(super) hook_name: String,
+    pub(super) path: String,
     args: Option<Vec<String>>,
-    env: Option<Vec<String>>,
+    pub(super) env: Option<Vec<String>>,
     timeout: Option<i64>,
 }
 
@@ -263,19 +270,24 @@ fn load_file(path: &Path, priority: usize) -> Result<LoadedSpec, Broken> {
     let raw: CdiSpec = if json {
         serde_json::from_slice(&data).map_err(|e| malformed(e.to_string()))?
     } else {
-        container_device_interface::spec::parse_spec(&pathbuf).map_err(|e| malformed(format!("{e:#}")))?
+        serde_yaml::from_slice(&data).map_err(|e| malformed(e.to_string()))?
     };
-    super::cdi_check::check(&raw).map_err(malformed)?;
-    let mirror: RawSpec = serde_json::to_value(&raw)
-        .and_then(serde_json::from_value)
-        .map_err(|e| malformed(e.to_string()))?;
+    let spec = mirror(&raw).map_err(malformed)?;
+    super::cdi_check::check(&raw, &spec).map_err(malformed)?;
     Ok(LoadedSpec {
         path: pathbuf,
         priority,
-        kind: mirror.kind,
-        devices: mirror.devices,
-        edits: mirror.container_edits,
+        kind: spec.kind,
+        devices: spec.devices,
+        edits: spec.container_edits,
     })
+}
+
+/// The crate's parsed spec re-read into [`RawSpec`].
+pub(super) fn mirror(raw: &CdiSpec) -> Result<RawSpec, String> {
+    serde_json::to_value(raw)
+        .and_then(serde_json::from_value)
+        .map_err(|e| e.to_string())
 }
 
 /// Turns a spec's or device's edits into an [`EditSet`], reading host nodes

@@ -11,79 +11,19 @@ use std::collections::{BTreeMap, HashSet};
 
 use container_device_interface::specs::config::Spec as CdiSpec;
 use container_device_interface::version::{minimum_required_version, VersionWrapper, VALID_SPEC_VERSIONS};
-use serde::Deserialize;
 
-/// The fields checked here, read through serde: the crate keeps its own
-/// `pub(crate)`.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Checked {
-    cdi_version: String,
-    kind: String,
-    #[serde(default)]
-    annotations: BTreeMap<String, String>,
-    #[serde(default)]
-    devices: Vec<CheckedDevice>,
-    container_edits: Option<CheckedEdits>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct CheckedDevice {
-    name: String,
-    #[serde(default)]
-    annotations: BTreeMap<String, String>,
-    #[serde(default)]
-    container_edits: CheckedEdits,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct CheckedEdits {
-    env: Option<Vec<String>>,
-    device_nodes: Option<Vec<CheckedNode>>,
-    hooks: Option<Vec<CheckedHook>>,
-    mounts: Option<Vec<CheckedMount>>,
-    additional_gids: Option<Vec<u32>>,
-    intel_rdt: Option<serde_json::Value>,
-    net_devices: Option<Vec<serde_json::Value>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct CheckedNode {
-    path: String,
-    #[serde(rename = "type")]
-    typ: Option<String>,
-    permissions: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct CheckedHook {
-    hook_name: String,
-    path: String,
-    env: Option<Vec<String>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct CheckedMount {
-    host_path: String,
-    container_path: String,
-}
+use super::cdi::{RawEdits, RawSpec};
 
 /// Kubernetes' limit on all annotations of one object, which CDI reuses.
 const ANNOTATIONS_SIZE_LIMIT: usize = 256 * 1024;
 
-/// Checks a parsed spec; the error says what is wrong and where.
-pub(crate) fn check(spec: &CdiSpec) -> Result<(), String> {
-    let value = serde_json::to_value(spec).map_err(|e| e.to_string())?;
-    let s: Checked = serde_json::from_value(value).map_err(|e| e.to_string())?;
+/// Checks a parsed spec (`raw`, the crate's type, for its version rules; `s`, the same spec
+/// read into this module's mirror); the error says what is wrong and where.
+pub(super) fn check(raw: &CdiSpec, s: &RawSpec) -> Result<(), String> {
     if !VALID_SPEC_VERSIONS.is_valid_version(&s.cdi_version) {
         return Err(format!("invalid cdiVersion {:?}", s.cdi_version));
     }
-    let needed = minimum_required_version(spec).map_err(|e| format!("{e:#}"))?;
+    let needed = minimum_required_version(raw).map_err(|e| format!("{e:#}"))?;
     if needed.is_greater_than(&VersionWrapper::new(&s.cdi_version)) {
         return Err(format!(
             "cdiVersion {} is too old for the fields used: needs at least {needed}",
@@ -180,15 +120,18 @@ fn check_qualified_name(key: &str) -> Result<(), String> {
     }
 }
 
-impl CheckedEdits {
-    fn is_empty(&self) -> bool {
+impl RawEdits {
+    pub(super) fn is_empty(&self) -> bool {
         self.env.as_ref().is_none_or(Vec::is_empty)
             && self.device_nodes.as_ref().is_none_or(Vec::is_empty)
             && self.hooks.as_ref().is_none_or(Vec::is_empty)
             && self.mounts.as_ref().is_none_or(Vec::is_empty)
             && self.additional_gids.as_ref().is_none_or(Vec::is_empty)
             && self.intel_rdt.is_none()
-            && self.net_devices.as_ref().is_none_or(Vec::is_empty)
+            && self
+                .net_devices
+                .as_ref()
+                .is_none_or(|v| v.as_array().is_none_or(Vec::is_empty))
     }
 }
 
@@ -208,7 +151,7 @@ const HOOK_NAMES: [&str; 6] = [
     "poststop",
 ];
 
-fn check_edits(e: &CheckedEdits) -> Result<(), String> {
+fn check_edits(e: &RawEdits) -> Result<(), String> {
     check_env(e.env.as_deref().unwrap_or_default())?;
     for n in e.device_nodes.iter().flatten() {
         if n.path.is_empty() {
@@ -246,8 +189,9 @@ fn check_edits(e: &CheckedEdits) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn parse(json: &str) -> CdiSpec {
-        serde_json::from_str(json).expect("spec parses")
+    fn check_json(json: &str) -> Result<(), String> {
+        let raw: CdiSpec = serde_json::from_str(json).expect("spec parses");
+        check(&raw, &super::super::cdi::mirror(&raw).expect("mirrors"))
     }
 
     fn spec_with(kind: &str, device: &str, edits: &str) -> String {
@@ -267,7 +211,7 @@ mod tests {
             "containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=void"],
               "hooks":[{"hookName":"createContainer","path":"/usr/bin/nvidia-ctk","args":["x"]}],
               "mounts":[{"hostPath":"/usr/lib/libcuda.so.1","containerPath":"/usr/lib/libcuda.so.1"}]}}"#;
-        assert_eq!(check(&parse(json)), Ok(()));
+        assert_eq!(check_json(json), Ok(()));
     }
 
     #[test]
@@ -334,7 +278,7 @@ mod tests {
             ),
         ];
         for (json, want) in cases {
-            let err = check(&parse(&json)).expect_err(&json);
+            let err = check_json(&json).expect_err(&json);
             assert!(err.contains(want), "{json}: {err}");
         }
     }
@@ -343,9 +287,9 @@ mod tests {
     fn version_must_cover_the_fields_used() {
         // intelRdt needs cdiVersion 0.7.0 or later
         let json = spec_with("a.com/b", "0", r#"{"intelRdt":{"closID":"c"}}"#).replace("0.5.0", "0.3.0");
-        let err = check(&parse(&json)).expect_err("too old");
+        let err = check_json(&json).expect_err("too old");
         assert!(err.contains("at least"), "{err}");
-        assert_eq!(check(&parse(&json.replace("0.3.0", "0.7.0"))), Ok(()));
+        assert_eq!(check_json(&json.replace("0.3.0", "0.7.0")), Ok(()));
     }
 
     #[test]
@@ -355,6 +299,6 @@ mod tests {
             r#"{{"cdiVersion":"0.6.0","kind":"a.com/b","annotations":{{"k":"{big}"}},
                 "devices":[{{"name":"0","containerEdits":{{"env":["A=1"]}}}}]}}"#
         );
-        assert!(check(&parse(&json)).expect_err("too big").contains("exceeds"));
+        assert!(check_json(&json).expect_err("too big").contains("exceeds"));
     }
 }
