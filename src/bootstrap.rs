@@ -114,8 +114,9 @@ pub fn bundle_dir(flags: &Flags) -> PathBuf {
 pub enum Started {
     /// The engine's answer (`unix://...`): print it and exit.
     Address(String),
-    /// This process is the pod's freshly forked daemon: serve with these flags.
-    Daemon(Flags),
+    /// This process is the pod's freshly forked daemon: serve with these flags and the config
+    /// `start` already resolved.
+    Daemon(Flags, Box<Config>),
 }
 
 /// `start`: finds or spawns the daemon for this container's group and returns its `unix://`
@@ -145,7 +146,7 @@ pub fn start(flags: &Flags, stdin: &[u8]) -> Result<Started, BootstrapError> {
             Spawned::Child(daemon) => {
                 // The lock's descriptor is already closed here; unlocking belongs to the parent.
                 std::mem::forget(dir);
-                return Ok(Started::Daemon(daemon));
+                return Ok(Started::Daemon(daemon, Box::new(config)));
             }
         },
     };

@@ -29,14 +29,14 @@ pub enum DaemonError {
     Signals(std::io::Error),
 }
 
-/// Runs the daemon until it is shut down; blocks the calling thread.
-pub fn serve(flags: &Flags) -> Result<(), DaemonError> {
+/// Runs the daemon until it is shut down; blocks the calling thread. `config` is the shim
+/// config as `start` resolved it (the log level comes from it).
+pub fn serve(flags: &Flags, config: Config) -> Result<(), DaemonError> {
     // A vanished log or stdio reader must cost a write error, never the shim's life.
     // SAFETY: installing SIG_IGN has no preconditions.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
-    let (config, _) = Config::resolve(None).unwrap_or_default();
     let bundle = bundle_dir(flags);
     let level = logging::level(&config.shim.log_level, flags.debug);
     let log = match logging::open_log_fifo(&bundle) {

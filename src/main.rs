@@ -35,9 +35,9 @@ fn run() -> Result<()> {
             match bootstrap::start(&flags, &stdin)? {
                 bootstrap::Started::Address(address) => out.write_all(address.as_bytes())?,
                 // The forked daemon: `start`'s work is done, this process serves from here on.
-                bootstrap::Started::Daemon(daemon_flags) => {
+                bootstrap::Started::Daemon(daemon_flags, config) => {
                     drop(stdin);
-                    daemon::serve(&daemon_flags)?
+                    daemon::serve(&daemon_flags, *config)?
                 }
             }
         }
@@ -45,7 +45,7 @@ fn run() -> Result<()> {
             let resp = current_thread()?.block_on(bootstrap::delete(&flags))?;
             out.write_all(&protobuf::Message::write_to_bytes(&resp)?)?;
         }
-        Action::Serve => daemon::serve(&flags)?,
+        Action::Serve => daemon::serve(&flags, gantry::config::Config::resolve(None).unwrap_or_default().0)?,
     }
     out.flush()?;
     Ok(())
