@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use containerd_shim_protos::api::{
-    ConnectRequest, DeleteRequest, KillRequest, ShutdownRequest, StartRequest, StateRequest, Status, WaitRequest,
+    ConnectRequest, KillRequest, ShutdownRequest, StartRequest, StateRequest, Status, WaitRequest,
 };
 
 use crate::common::{
-    assert_clean, code, crio_bundle, crio_start, ctx, env, message, open_fifo_reader, read_fifo, task_client, text,
-    wait_until,
+    assert_clean, code, crio_bundle, crio_remove, crio_start, ctx, env, message, open_fifo_reader, read_fifo,
+    task_client, text, wait_until,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,27 +140,8 @@ async fn crio_lifecycle_grouping_and_shutdown() {
         .await
         .unwrap();
 
-    let d = client2
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: "app1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let d = crio_remove(&client2, "app1").await;
     assert_eq!(d.exit_status, 7);
-    client2
-        .shutdown(
-            ctx(),
-            &ShutdownRequest {
-                id: "app1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
     // Still serving the infra container.
     let c = client
         .connect(
@@ -202,27 +183,8 @@ async fn crio_lifecycle_grouping_and_shutdown() {
     assert_eq!(w1.exit_status, w2.exit_status);
     assert_eq!(w1.exited_at, w2.exited_at);
 
-    let d = client
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: "pod1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let d = crio_remove(&client, "pod1").await;
     assert_eq!(d.exit_status, 137);
-    client
-        .shutdown(
-            ctx(),
-            &ShutdownRequest {
-                id: "pod1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
     let gone = wait_until(Duration::from_secs(10), || {
         !std::path::Path::new(&format!("/proc/{daemon}")).exists()
     });
@@ -335,25 +297,6 @@ async fn terminal_init_and_resize_pty() {
         .await
         .unwrap();
     assert!(st.terminal);
-    client
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: "tty1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    client
-        .shutdown(
-            ctx(),
-            &ShutdownRequest {
-                id: "tty1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    crio_remove(&client, "tty1").await;
     assert_clean(env, &ns);
 }

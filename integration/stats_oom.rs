@@ -3,9 +3,11 @@
 
 use std::time::Duration;
 
-use containerd_shim_protos::api::{DeleteRequest, ShutdownRequest, StartRequest, WaitRequest};
+use containerd_shim_protos::api::{StartRequest, WaitRequest};
 
-use crate::common::{assert_clean, crio_bundle, crio_start, ctx, env, open_fifo_reader, task_client, text};
+use crate::common::{
+    assert_clean, crio_bundle, crio_remove, crio_start, ctx, env, open_fifo_reader, task_client, text,
+};
 
 fn metrics(ns: &str, id: &str) -> serde_json::Value {
     let o = env().ctr(ns, &["task", "metrics", "--format", "json", id]);
@@ -93,26 +95,7 @@ async fn crio_oom_writes_the_marker_before_wait_returns() {
         .unwrap();
     assert_eq!(w.exit_status, 137);
     assert!(b.dir.join("oom").exists(), "no <bundle>/oom after an OOM kill");
-    client
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: "hog".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    client
-        .shutdown(
-            ctx(),
-            &ShutdownRequest {
-                id: "hog".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    crio_remove(&client, "hog").await;
     let _ = std::fs::remove_file(b.dir.join("oom"));
     assert_clean(env, &ns);
 }

@@ -562,44 +562,38 @@ pub fn crio_create_req(b: &CrioBundle) -> containerd_shim_protos::api::CreateTas
 
 /// SIGKILL, Wait, Delete and Shutdown of one container, as CRI-O tears it down.
 pub async fn crio_kill_and_remove(client: &containerd_shim_protos::shim_async::TaskClient, id: &str) {
-    use containerd_shim_protos::api::{DeleteRequest, KillRequest, ShutdownRequest, WaitRequest};
-    let id = id.to_string();
+    use containerd_shim_protos::api::{KillRequest, WaitRequest};
     let kill = KillRequest {
-        id: id.clone(),
+        id: id.to_string(),
         signal: 9,
         ..Default::default()
     };
     client.kill(ctx(), &kill).await.unwrap();
-    client
-        .wait(
-            ctx(),
-            &WaitRequest {
-                id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    client
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    client
-        .shutdown(
-            ctx(),
-            &ShutdownRequest {
-                id,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let wait = WaitRequest {
+        id: id.to_string(),
+        ..Default::default()
+    };
+    client.wait(ctx(), &wait).await.unwrap();
+    crio_remove(client, id).await;
+}
+
+/// Delete and Shutdown of one exited container, as CRI-O removes it; Delete's answer.
+pub async fn crio_remove(
+    client: &containerd_shim_protos::shim_async::TaskClient,
+    id: &str,
+) -> containerd_shim_protos::api::DeleteResponse {
+    use containerd_shim_protos::api::{DeleteRequest, ShutdownRequest};
+    let delete = DeleteRequest {
+        id: id.to_string(),
+        ..Default::default()
+    };
+    let deleted = client.delete(ctx(), &delete).await.unwrap();
+    let shutdown = ShutdownRequest {
+        id: id.to_string(),
+        ..Default::default()
+    };
+    client.shutdown(ctx(), &shutdown).await.unwrap();
+    deleted
 }
 
 /// Starts a service (containerd) that lives exactly as long as this test binary: it is spawned
