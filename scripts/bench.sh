@@ -23,6 +23,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 export LC_ALL=C RUST_BACKTRACE=0
 
 quick=0
@@ -174,16 +176,7 @@ binary = "$rt"
 root = "$work/rt"
 TOML
 done
-cat >"$work/containerd.toml" <<TOML
-version = 2
-root = "$work/root"
-state = "$work/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = "$sock"
-[ttrpc]
-  address = "$sock.ttrpc"
-TOML
+private_containerd_config "$work" "$sock"
 PATH="$rel:$PATH" GANTRY_CONFIG="$work/gantry-runc.toml" \
   containerd --config "$work/containerd.toml" >"$work/containerd.log" 2>&1 &
 cd_pid=$!

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 if [ "$(id -u)" != 0 ]; then
   echo "demo.sh: containers need root; run it as root" >&2
@@ -37,16 +39,7 @@ log_level = "debug"
 [runtime]
 root = "$work/rt"
 TOML
-cat > "$work/containerd.toml" <<TOML
-version = 2
-root = "$work/root"
-state = "$work/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = "$work/containerd.sock"
-[ttrpc]
-  address = "$work/containerd.sock.ttrpc"
-TOML
+private_containerd_config "$work" "$work/containerd.sock"
 echo "== starting a private containerd ($(containerd --version | awk '{print $3}'))"
 PATH="$bin:$PATH" GANTRY_CONFIG="$work/gantry.toml" containerd --config "$work/containerd.toml" >"$work/containerd.log" 2>&1 &
 cd_pid=$!

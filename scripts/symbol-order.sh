@@ -16,6 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 [ "$(id -u)" = 0 ] || { echo "symbol-order.sh: run as root (containers)" >&2; exit 1; }
 scripts/deps.sh
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind >/dev/null; }
@@ -52,16 +54,7 @@ chmod +x "$work/bin/containerd-shim-gantry-v2"
 for rt in runc crun; do
   printf '[shim]\nsocket_dir = "%s/s"\n[runtime]\nbinary = "%s"\nroot = "%s/rt"\n' "$work" "$rt" "$work" >"$work/$rt.toml"
 done
-cat >"$work/containerd.toml" <<TOML
-version = 2
-root = "$work/root"
-state = "$work/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = "$sock"
-[ttrpc]
-  address = "$sock.ttrpc"
-TOML
+private_containerd_config "$work" "$sock"
 PATH="$work/bin:$PATH" containerd --config "$work/containerd.toml" >"$work/containerd.log" 2>&1 &
 cd_pid=$!
 c() { ctr --address "$sock" -n $ns "$@"; }
