@@ -407,6 +407,13 @@ for rt in "${RUNTIMES[@]}"; do
 done
 mkdir -p "$(dirname "$out")"
 machine="$(nproc) cores ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), $(awk '/^MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r)"
+# How an idle CPU waits decides what a cross-CPU wakeup costs (a VM's halt exits, or polls first),
+# and small-write stdout is little else: record it with the figures.
+idle_driver=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)
+if [ -r /sys/module/haltpoll/parameters/guest_halt_poll_ns ]; then
+  idle_driver="$idle_driver, guest_halt_poll_ns=$(cat /sys/module/haltpoll/parameters/guest_halt_poll_ns)"
+fi
+machine="$machine, cpuidle $idle_driver"
 rev="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null || echo -dirty)"
 when=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 runs_json="{\"start\":$N_START,\"memory\":$N_MEM,\"density\":$N_DENS,\"density_batch\":$BATCH,\"exec\":$N_EXEC,\"stdout_mib\":$STDOUT_MIB,\"stdout_runs\":$N_STDOUT,\"driver\":$N_DRV}"
