@@ -185,8 +185,8 @@ impl Container {
             warn!(log, "device injection"; "warning" => w);
         }
         if edits.changed() {
+            spec::save(&p.bundle, &raw, &oci)?;
             undo.original_config = Some(raw);
-            spec::save(&p.bundle, &oci)?;
             info!(log, "injected devices"; "devices" => edits.devices.devices.join(","));
         }
 

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::Spec;
+use serde_json::Value;
 use thiserror::Error;
 
 use crate::config::Config;
@@ -90,13 +91,62 @@ pub fn load_annotations(bundle: &Path) -> Result<HashMap<String, String>, SpecEr
     Ok(a.annotations.unwrap_or_default())
 }
 
-pub fn save(bundle: &Path, spec: &Spec) -> Result<(), SpecError> {
+/// Writes the edited spec back over `raw` (the file as read) without losing what oci-spec does
+/// not model: vendor extensions and fields newer than the crate survive wherever the edits left
+/// that part of the document alone, so runc sees what the engine wrote plus the edits.
+pub fn save(bundle: &Path, raw: &[u8], spec: &Spec) -> Result<(), SpecError> {
     let path = config_path(bundle);
-    let data = serde_json::to_vec(spec).map_err(|e| SpecError::Write {
+    let write_err = |e: serde_json::Error| SpecError::Write {
         path: path.clone(),
         source: std::io::Error::other(e),
-    })?;
+    };
+    let edited = serde_json::to_value(spec).map_err(write_err)?;
+    let original: Value = serde_json::from_slice(raw).map_err(write_err)?;
+    let modelled = serde_json::from_slice::<Spec>(raw)
+        .and_then(serde_json::to_value)
+        .map_err(write_err)?;
+    let data = serde_json::to_vec(&carry_unmodelled(original, &modelled, edited)).map_err(write_err)?;
     std::fs::write(&path, data).map_err(|source| SpecError::Write { path, source })
+}
+
+/// `edited`, plus what the typed round trip of `original` (`modelled`) dropped. Objects keep
+/// the keys oci-spec does not know; array elements the edits kept (equal to their modelled
+/// form, wherever they moved) come back whole; anything the edits changed is theirs.
+fn carry_unmodelled(original: Value, modelled: &Value, edited: Value) -> Value {
+    if *modelled == edited {
+        return original;
+    }
+    match (original, modelled, edited) {
+        (Value::Object(orig), Value::Object(known), Value::Object(mut out)) => {
+            for (k, v) in orig {
+                match (known.get(&k), out.remove(&k)) {
+                    (None, _) => {
+                        out.insert(k, v);
+                    }
+                    (Some(m), Some(e)) => {
+                        out.insert(k, carry_unmodelled(v, m, e));
+                    }
+                    // The edits removed a field the model knows: it stays removed.
+                    (Some(_), None) => {}
+                }
+            }
+            Value::Object(out)
+        }
+        (Value::Array(orig), Value::Array(known), Value::Array(out)) => {
+            let mut unused: Vec<Option<Value>> = orig.into_iter().map(Some).collect();
+            out.into_iter()
+                .map(|e| {
+                    let kept = known
+                        .iter()
+                        .zip(unused.iter_mut())
+                        .find(|(m, o)| o.is_some() && **m == e)
+                        .and_then(|(_, o)| o.take());
+                    kept.unwrap_or(e)
+                })
+                .collect()
+        }
+        (_, _, edited) => edited,
+    }
 }
 
 /// Annotations of a spec, empty when absent.
@@ -172,6 +222,80 @@ mod tests {
         a.insert(CRIO_SANDBOX_ID.to_string(), "pod2".to_string());
         assert_eq!(group_id(&a).as_deref(), Some("pod2"));
         assert!(is_crio(&a));
+    }
+
+    /// A config.json as a newer engine might write it: vendor keys at several depths.
+    const WITH_UNMODELLED: &str = r#"{
+        "ociVersion": "1.2.0",
+        "hostname": "h",
+        "x-vendor": {"keep": true},
+        "process": {"cwd": "/", "args": ["sh"], "user": {"uid": 0, "gid": 0}, "env": ["A=1"], "x-proc": 7},
+        "root": {"path": "rootfs"},
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc", "x-mount": "m"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"}
+        ],
+        "linux": {"namespaces": [{"type": "pid"}], "x-linux": [1, 2]}
+    }"#;
+
+    fn edited_and_saved(edit: impl FnOnce(&mut Spec)) -> Value {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), WITH_UNMODELLED).unwrap();
+        let (mut spec, raw) = load(dir.path()).unwrap();
+        edit(&mut spec);
+        save(dir.path(), &raw, &spec).unwrap();
+        let saved = std::fs::read(dir.path().join("config.json")).unwrap();
+        // What runc gets must still be a spec.
+        serde_json::from_slice::<Spec>(&saved).unwrap();
+        serde_json::from_slice(&saved).unwrap()
+    }
+
+    #[test]
+    fn save_keeps_unmodelled_fields_next_to_edits() {
+        use oci_spec::runtime::MountBuilder;
+        let saved = edited_and_saved(|spec| {
+            let mut mounts = spec.mounts().clone().unwrap();
+            let gpu = MountBuilder::default()
+                .destination("/usr/lib/libcuda.so")
+                .source("/host/libcuda.so")
+                .options(vec!["ro".to_string(), "bind".to_string()])
+                .build()
+                .unwrap();
+            // Edits may reorder as well as add.
+            mounts.insert(0, gpu);
+            spec.set_mounts(Some(mounts));
+            let mut process = spec.process().clone().unwrap();
+            process.set_env(Some(vec!["A=1".into(), "NVIDIA_VISIBLE_DEVICES=0".into()]));
+            spec.set_process(Some(process));
+        });
+        assert_eq!(saved["x-vendor"], serde_json::json!({"keep": true}));
+        assert_eq!(saved["linux"]["x-linux"], serde_json::json!([1, 2]));
+        assert_eq!(saved["process"]["x-proc"], 7);
+        assert_eq!(saved["process"]["env"][1], "NVIDIA_VISIBLE_DEVICES=0");
+        let dests: Vec<_> = saved["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["destination"].clone())
+            .collect();
+        assert_eq!(dests, ["/usr/lib/libcuda.so", "/proc", "/dev"]);
+        assert_eq!(saved["mounts"][1]["x-mount"], "m", "a moved element keeps its extras");
+        assert_eq!(saved["hostname"], "h");
+    }
+
+    #[test]
+    fn save_applies_changes_and_removals_of_modelled_fields() {
+        let saved = edited_and_saved(|spec| {
+            spec.set_hostname(None);
+            let mut mounts = spec.mounts().clone().unwrap();
+            mounts[0].set_options(Some(vec!["nosuid".to_string()]));
+            spec.set_mounts(Some(mounts));
+        });
+        assert!(saved.get("hostname").is_none(), "{saved}");
+        assert_eq!(saved["mounts"][0]["options"], serde_json::json!(["nosuid"]));
+        // A changed element is the edit's: its extras cannot be told apart from stale state.
+        assert!(saved["mounts"][0].get("x-mount").is_none());
+        assert_eq!(saved["x-vendor"]["keep"], true);
     }
 
     #[test]
