@@ -300,3 +300,87 @@ async fn terminal_init_and_resize_pty() {
     crio_remove(&client, "tty1").await;
     assert_clean(env, &ns);
 }
+
+/// A spec holding a value newer than gantry's model (a capability oci-spec does not know) runs
+/// as it does under the runc shim (runc warns and ignores it), for init and exec alike; asking
+/// for devices in such a spec fails cleanly, naming the value, with the file untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_newer_than_the_spec_model_reach_the_runtime() {
+    use containerd_shim_protos::api::{DeleteRequest, ExecProcessRequest};
+    use protobuf::well_known_types::any::Any;
+    let env = env();
+    let ns = env.namespace("crio-newer");
+    let future_cap = |s: &mut serde_json::Value| {
+        let caps = s["process"]["capabilities"]["bounding"].as_array_mut().unwrap();
+        caps.push("CAP_FUTURE_THING".into());
+    };
+    let b = crio_bundle(&ns, "nc1", "nc1", &["sleep", "1000"], future_cap);
+    let o = crio_start(&ns, &b.dir, "nc1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+    client.create(ctx(), &crate::common::crio_create_req(&b)).await.unwrap();
+    let start = StartRequest {
+        id: "nc1".into(),
+        ..Default::default()
+    };
+    client.start(ctx(), &start).await.unwrap();
+
+    // An exec whose process spec carries the same capability.
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(b.dir.join("config.json")).unwrap()).unwrap();
+    let mut process = spec["process"].clone();
+    process["args"] = serde_json::json!(["sh", "-c", "echo exec ran"]);
+    let exec_out = b.dir.join("exec-stdout");
+    nix::unistd::mkfifo(&exec_out, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let mut out = open_fifo_reader(&exec_out);
+    let exec = ExecProcessRequest {
+        id: "nc1".into(),
+        exec_id: "e1".into(),
+        stdout: exec_out.to_str().unwrap().into(),
+        spec: protobuf::MessageField::some(Any {
+            type_url: "types.containerd.io/opencontainers/runtime-spec/1/Process".into(),
+            value: serde_json::to_vec(&process).unwrap(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    client.exec(ctx(), &exec).await.unwrap();
+    let exec_start = StartRequest {
+        id: "nc1".into(),
+        exec_id: "e1".into(),
+        ..Default::default()
+    };
+    client.start(ctx(), &exec_start).await.unwrap();
+    let exec_wait = WaitRequest {
+        id: "nc1".into(),
+        exec_id: "e1".into(),
+        ..Default::default()
+    };
+    assert_eq!(client.wait(ctx(), &exec_wait).await.unwrap().exit_status, 0);
+    assert!(read_fifo(&mut out, Duration::from_secs(5)).contains("exec ran"));
+    let exec_delete = DeleteRequest {
+        id: "nc1".into(),
+        exec_id: "e1".into(),
+        ..Default::default()
+    };
+    client.delete(ctx(), &exec_delete).await.unwrap();
+    // The engine's FIFO, made by this test: the engine removes it.
+    std::fs::remove_file(&exec_out).unwrap();
+
+    // Devices asked for in such a spec: refused before anything is mounted or run.
+    let g = crio_bundle(&ns, "nc2", "nc1", &["true"], |s| {
+        future_cap(s);
+        s["annotations"]["gantry.dev/devices"] = "nvidia.com/gpu=0".into();
+    });
+    let before = std::fs::read(g.dir.join("config.json")).unwrap();
+    let e = client
+        .create(ctx(), &crate::common::crio_create_req(&g))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), ttrpc::Code::INVALID_ARGUMENT, "{}", message(&e));
+    assert!(message(&e).contains("CAP_FUTURE_THING"), "{}", message(&e));
+    assert_eq!(std::fs::read(g.dir.join("config.json")).unwrap(), before);
+
+    crate::common::crio_kill_and_remove(&client, "nc1").await;
+    assert_clean(env, &ns);
+}

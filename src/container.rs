@@ -153,11 +153,14 @@ impl Container {
                 p.bundle
             )));
         }
-        let (mut oci, raw) = spec::load(&p.bundle).map_err(invalid)?;
+        let mut loaded = spec::load(&p.bundle).map_err(invalid)?;
+        if let Err(why) = &loaded.spec {
+            warn!(log, "config.json holds values gantry does not model; the runtime gets it as is"; "why" => why.to_string());
+        }
         let engine = p.options.as_ref().map(options::from_any).unwrap_or_default();
         let (config, config_file) = Config::resolve(engine.config_path.as_deref()).map_err(invalid)?;
         let runtime = runtime_for(&engine, &config, &p.namespace, &p.bundle, reaper.clone());
-        let annotations = spec::annotations(&oci);
+        let annotations = loaded.view.annotations();
         let crio = spec::is_crio(&annotations);
 
         let mut undo = Undo {
@@ -171,13 +174,13 @@ impl Container {
             undo.mounted = Some(rootfs_target.clone());
             mount::mount_all(&p.rootfs, &rootfs_target)?;
         } else {
-            let root = spec::root_path(&p.bundle, &oci);
+            let root = loaded.view.root_path(&p.bundle);
             if !root.is_dir() {
                 return Err(invalid(format!("rootfs {} does not exist", root.display())));
             }
         }
 
-        let edits = spec::edit(&mut oci, &config).map_err(|e| match e {
+        let edits = spec::edit(&p.bundle, &mut loaded, &config).map_err(|e| match e {
             SpecError::Devices(d) => TaskError::InvalidArgument(d.to_string()),
             other => TaskError::Spec(other),
         })?;
@@ -185,8 +188,8 @@ impl Container {
             warn!(log, "device injection"; "warning" => w);
         }
         if edits.changed() {
-            spec::save(&p.bundle, &raw, &oci)?;
-            undo.original_config = Some(raw);
+            spec::save(&p.bundle, &loaded)?;
+            undo.original_config = Some(loaded.raw);
             info!(log, "injected devices"; "devices" => edits.devices.devices.join(","));
         }
 
@@ -339,9 +342,14 @@ impl Container {
                 self.id
             )));
         }
-        // Parsed only to refuse a malformed spec here, with INVALID_ARGUMENT, rather than at Start.
-        serde_json::from_slice::<oci_spec::runtime::Process>(&spec.value)
-            .map_err(|e| invalid(format!("exec {exec_id:?} process spec: {e}")))?;
+        // Parsed only to refuse a malformed spec here, with INVALID_ARGUMENT, rather than at Start;
+        // a value newer than oci-spec's model is the runtime's to judge.
+        match serde_json::from_slice::<oci_spec::runtime::Process>(&spec.value) {
+            Err(e) if !spec::is_newer_than_model(&e) => {
+                return Err(invalid(format!("exec {exec_id:?} process spec: {e}")));
+            }
+            _ => {}
+        }
         let mut execs = self.execs();
         if execs.contains_key(exec_id) {
             return Err(TaskError::AlreadyExists(format!(

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::Spec;
+use serde::Deserialize;
 use serde_json::Value;
 use thiserror::Error;
 
@@ -28,6 +29,10 @@ pub enum SpecError {
     Parse { path: PathBuf, source: serde_json::Error },
     #[error("write {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
+    /// Devices were asked for, but the spec holds a value oci-spec cannot represent, so
+    /// gantry cannot edit it (runc alone would have accepted it).
+    #[error("cannot edit {path} (device injection): it holds a value this gantry cannot represent: {why}")]
+    Unmodelled { path: PathBuf, why: String },
     #[error(transparent)]
     Devices(#[from] DeviceError),
 }
@@ -62,47 +67,137 @@ pub fn config_path(bundle: &Path) -> PathBuf {
     bundle.join("config.json")
 }
 
-/// Reads and parses `config.json`; the raw bytes are returned too so a failed create can
-/// restore the file exactly.
-pub fn load(bundle: &Path) -> Result<(Spec, Vec<u8>), SpecError> {
+/// The parts of `config.json` gantry reads for itself, typed loosely (strings, not enums) so
+/// they are there even for a spec oci-spec cannot represent.
+#[derive(Debug, Default, Deserialize)]
+pub struct View {
+    #[serde(default)]
+    annotations: Option<HashMap<String, String>>,
+    #[serde(default)]
+    root: Option<ViewRoot>,
+    #[serde(default)]
+    process: Option<ViewProcess>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ViewRoot {
+    #[serde(default)]
+    path: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ViewProcess {
+    #[serde(default)]
+    env: Option<Vec<String>>,
+    #[serde(default)]
+    capabilities: Option<ViewCapabilities>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ViewCapabilities {
+    #[serde(default)]
+    bounding: Option<Vec<String>>,
+}
+
+impl View {
+    /// Annotations, empty when absent.
+    pub fn annotations(&self) -> HashMap<String, String> {
+        self.annotations.clone().unwrap_or_default()
+    }
+
+    /// The container's root filesystem as the runtime will resolve it.
+    pub fn root_path(&self, bundle: &Path) -> PathBuf {
+        let root = self
+            .root
+            .as_ref()
+            .and_then(|r| r.path.clone())
+            .unwrap_or_else(|| PathBuf::from("rootfs"));
+        if root.is_absolute() {
+            root
+        } else {
+            bundle.join(root)
+        }
+    }
+
+    fn env(&self) -> &[String] {
+        self.process.as_ref().and_then(|p| p.env.as_deref()).unwrap_or_default()
+    }
+
+    fn bounding(&self) -> &[String] {
+        self.process
+            .as_ref()
+            .and_then(|p| p.capabilities.as_ref())
+            .and_then(|c| c.bounding.as_deref())
+            .unwrap_or_default()
+    }
+}
+
+/// `config.json` as read: the bytes (a failed create restores them exactly), the [`View`], and
+/// the full typed spec the edits work on.
+#[derive(Debug)]
+pub struct Loaded {
+    pub raw: Vec<u8>,
+    pub view: View,
+    /// `Err` when the document is a spec but holds a value newer than oci-spec's model (a
+    /// capability, seccomp action or namespace type it does not know). runc and crun accept
+    /// those, as the runc shim does: such a spec goes to the runtime untouched, and only an
+    /// edit (device injection) is refused.
+    pub spec: Result<Spec, serde_json::Error>,
+}
+
+/// True when oci-spec refused a document only for a value it has no variant for.
+pub fn is_newer_than_model(e: &serde_json::Error) -> bool {
+    let msg = e.to_string();
+    e.classify() == serde_json::error::Category::Data
+        && (msg.starts_with("unknown variant") || msg.starts_with("no variant for"))
+}
+
+/// Reads and parses `config.json`.
+pub fn load(bundle: &Path) -> Result<Loaded, SpecError> {
     let path = config_path(bundle);
     let raw = std::fs::read(&path).map_err(|source| SpecError::Read {
         path: path.clone(),
         source,
     })?;
-    let spec = serde_json::from_slice(&raw).map_err(|source| SpecError::Parse { path, source })?;
-    Ok((spec, raw))
+    let view = serde_json::from_slice(&raw).map_err(|source| SpecError::Parse {
+        path: path.clone(),
+        source,
+    })?;
+    let spec = match serde_json::from_slice(&raw) {
+        Err(e) if !is_newer_than_model(&e) => return Err(SpecError::Parse { path, source: e }),
+        parsed => parsed,
+    };
+    Ok(Loaded { raw, view, spec })
 }
 
 /// Only the annotations of the bundle's config.json: `start` needs nothing else, and skipping
 /// the rest is cheaper than building a whole `Spec` in a process that lives a millisecond.
 pub fn load_annotations(bundle: &Path) -> Result<HashMap<String, String>, SpecError> {
-    #[derive(serde::Deserialize)]
-    struct Annotated {
-        #[serde(default)]
-        annotations: Option<HashMap<String, String>>,
-    }
     let path = config_path(bundle);
     let raw = std::fs::read(&path).map_err(|source| SpecError::Read {
         path: path.clone(),
         source,
     })?;
-    let a: Annotated = serde_json::from_slice(&raw).map_err(|source| SpecError::Parse { path, source })?;
-    Ok(a.annotations.unwrap_or_default())
+    let v: View = serde_json::from_slice(&raw).map_err(|source| SpecError::Parse { path, source })?;
+    Ok(v.annotations())
 }
 
-/// Writes the edited spec back over `raw` (the file as read) without losing what oci-spec does
-/// not model: vendor extensions and fields newer than the crate survive wherever the edits left
+/// Writes the edited spec back over the file as read without losing what oci-spec does not
+/// model: vendor extensions and fields newer than the crate survive wherever the edits left
 /// that part of the document alone, so runc sees what the engine wrote plus the edits.
-pub fn save(bundle: &Path, raw: &[u8], spec: &Spec) -> Result<(), SpecError> {
+pub fn save(bundle: &Path, loaded: &Loaded) -> Result<(), SpecError> {
     let path = config_path(bundle);
+    let spec = loaded.spec.as_ref().map_err(|why| SpecError::Unmodelled {
+        path: path.clone(),
+        why: why.to_string(),
+    })?;
     let write_err = |e: serde_json::Error| SpecError::Write {
         path: path.clone(),
         source: std::io::Error::other(e),
     };
     let edited = serde_json::to_value(spec).map_err(write_err)?;
-    let original: Value = serde_json::from_slice(raw).map_err(write_err)?;
-    let modelled = serde_json::from_slice::<Spec>(raw)
+    let original: Value = serde_json::from_slice(&loaded.raw).map_err(write_err)?;
+    let modelled = serde_json::from_slice::<Spec>(&loaded.raw)
         .and_then(serde_json::to_value)
         .map_err(write_err)?;
     let data = serde_json::to_vec(&carry_unmodelled(original, &modelled, edited)).map_err(write_err)?;
@@ -149,11 +244,6 @@ fn carry_unmodelled(original: Value, modelled: &Value, edited: Value) -> Value {
     }
 }
 
-/// Annotations of a spec, empty when absent.
-pub fn annotations(spec: &Spec) -> HashMap<String, String> {
-    spec.annotations().clone().unwrap_or_default()
-}
-
 /// The pod a container belongs to, so all of a pod's containers share one daemon.
 pub fn group_id(annotations: &HashMap<String, String>) -> Option<String> {
     [CRIO_SANDBOX_ID, CRI_SANDBOX_ID, RUNC_GROUP]
@@ -164,20 +254,6 @@ pub fn group_id(annotations: &HashMap<String, String>) -> Option<String> {
 /// True for containers CRI-O created (it expects `<bundle>/oom` on OOM kills).
 pub fn is_crio(annotations: &HashMap<String, String>) -> bool {
     annotations.contains_key(CRIO_SANDBOX_ID) || annotations.contains_key(CRIO_CONTAINER_TYPE)
-}
-
-/// The container's root filesystem as the runtime will resolve it.
-pub fn root_path(bundle: &Path, spec: &Spec) -> PathBuf {
-    let root = spec
-        .root()
-        .as_ref()
-        .map(|r| r.path().clone())
-        .unwrap_or_else(|| PathBuf::from("rootfs"));
-    if root.is_absolute() {
-        root
-    } else {
-        bundle.join(root)
-    }
 }
 
 /// What the edits did, for logs and annotations.
@@ -192,11 +268,35 @@ impl Edits {
     }
 }
 
-/// Runs every spec edit in order.
-pub fn edit(spec: &mut Spec, config: &Config) -> Result<Edits, SpecError> {
-    let privileged = devices::is_privileged(spec);
-    let devices = devices::inject(spec, &config.devices, privileged)?;
-    Ok(Edits { devices })
+/// Runs every spec edit in order. A spec oci-spec cannot represent is left alone unless an
+/// edit is asked for, which is then refused.
+pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config) -> Result<Edits, SpecError> {
+    let privileged = devices::is_privileged(loaded.view.bounding());
+    match &mut loaded.spec {
+        Ok(spec) => {
+            let devices = devices::inject(spec, &config.devices, privileged)?;
+            Ok(Edits { devices })
+        }
+        Err(why) => {
+            let asked = devices::asked(
+                loaded.view.annotations.as_ref(),
+                loaded.view.env(),
+                &config.devices,
+                privileged,
+            )?;
+            if asked.anything() {
+                return Err(SpecError::Unmodelled {
+                    path: config_path(bundle),
+                    why: why.to_string(),
+                });
+            }
+            let devices = Injection {
+                warnings: asked.warning.into_iter().collect(),
+                ..Default::default()
+            };
+            Ok(Edits { devices })
+        }
+    }
 }
 
 #[cfg(test)]
@@ -241,9 +341,9 @@ mod tests {
     fn edited_and_saved(edit: impl FnOnce(&mut Spec)) -> Value {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("config.json"), WITH_UNMODELLED).unwrap();
-        let (mut spec, raw) = load(dir.path()).unwrap();
-        edit(&mut spec);
-        save(dir.path(), &raw, &spec).unwrap();
+        let mut loaded = load(dir.path()).unwrap();
+        edit(loaded.spec.as_mut().unwrap());
+        save(dir.path(), &loaded).unwrap();
         let saved = std::fs::read(dir.path().join("config.json")).unwrap();
         // What runc gets must still be a spec.
         serde_json::from_slice::<Spec>(&saved).unwrap();
@@ -298,6 +398,66 @@ mod tests {
         assert_eq!(saved["x-vendor"]["keep"], true);
     }
 
+    /// A spec runc and crun run (runc warns about the capability) but oci-spec 0.10 refuses.
+    fn newer_spec(annotations: Value) -> Value {
+        serde_json::json!({
+            "ociVersion": "1.2.0",
+            "process": {
+                "cwd": "/", "args": ["true"], "user": {"uid": 0, "gid": 0},
+                "capabilities": {"bounding": ["CAP_CHOWN", "CAP_FUTURE_THING"]}
+            },
+            "root": {"path": "rootfs"},
+            "annotations": annotations,
+            "linux": {"namespaces": [{"type": "pid"}]}
+        })
+    }
+
+    #[test]
+    fn values_newer_than_the_model_are_told_apart_from_malformed_specs() {
+        let refused = |v: Value| serde_json::from_value::<Spec>(v).unwrap_err();
+        // Pins the crate's wording: a crate update that changes it fails here, not in production.
+        assert!(is_newer_than_model(&refused(newer_spec(Value::Null))));
+        let mut ns = newer_spec(Value::Null);
+        ns["process"]["capabilities"]["bounding"] = serde_json::json!([]);
+        ns["linux"]["namespaces"][0]["type"] = "future-ns".into();
+        assert!(is_newer_than_model(&refused(ns)));
+        let mut bad = newer_spec(Value::Null);
+        bad["process"]["capabilities"]["bounding"] = serde_json::json!([]);
+        bad["process"]["args"] = "true".into();
+        assert!(!is_newer_than_model(&refused(bad)));
+    }
+
+    fn load_value(v: &Value) -> (tempfile::TempDir, Result<Loaded, SpecError>) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), serde_json::to_vec(v).unwrap()).unwrap();
+        let loaded = load(dir.path());
+        (dir, loaded)
+    }
+
+    #[test]
+    fn a_newer_spec_passes_through_unless_an_edit_is_asked_for() {
+        let config = Config::default();
+        let (dir, loaded) = load_value(&newer_spec(serde_json::json!({"k": "v"})));
+        let mut loaded = loaded.unwrap();
+        assert!(loaded.spec.is_err());
+        assert_eq!(loaded.view.annotations()["k"], "v");
+        assert_eq!(loaded.view.root_path(dir.path()), dir.path().join("rootfs"));
+        let edits = edit(dir.path(), &mut loaded, &config).unwrap();
+        assert!(!edits.changed());
+
+        let (dir, loaded) = load_value(&newer_spec(
+            serde_json::json!({devices::DEVICES_ANNOTATION: "nvidia.com/gpu=0"}),
+        ));
+        let e = edit(dir.path(), &mut loaded.unwrap(), &config).unwrap_err().to_string();
+        assert!(e.contains("config.json") && e.contains("CAP_FUTURE_THING"), "{e}");
+
+        // A wrongly typed field is still malformed input, refused at load.
+        let mut bad = newer_spec(Value::Null);
+        bad["process"]["args"] = "true".into();
+        let e = load_value(&bad).1.err().unwrap().to_string();
+        assert!(e.starts_with("malformed") && e.contains("config.json"), "{e}");
+    }
+
     #[test]
     fn malformed_config_names_file_and_position() {
         let dir = tempfile::tempdir().unwrap();
@@ -329,7 +489,9 @@ mod tests {
 
     #[test]
     fn relative_root_is_under_bundle() {
-        let spec: Spec = serde_json::from_str(r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"}}"#).unwrap();
-        assert_eq!(root_path(Path::new("/b"), &spec), PathBuf::from("/b/rootfs"));
+        let view: View = serde_json::from_str(r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"}}"#).unwrap();
+        assert_eq!(view.root_path(Path::new("/b")), PathBuf::from("/b/rootfs"));
+        let view: View = serde_json::from_str(r#"{"root":{"path":"/abs/root"}}"#).unwrap();
+        assert_eq!(view.root_path(Path::new("/b")), PathBuf::from("/abs/root"));
     }
 }

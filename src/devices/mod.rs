@@ -22,9 +22,10 @@ pub mod edits;
 pub mod fixture;
 pub mod request;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::{Capability, LinuxDeviceType, Spec};
+use oci_spec::runtime::{LinuxDeviceType, Spec};
 
 pub use config::DeviceConfig;
 pub use edits::EditStats;
@@ -163,17 +164,59 @@ impl Injection {
 
 /// Heuristic for callers that have no privileged flag: the bounding set
 /// holds CAP_SYS_ADMIN, CAP_SYS_MODULE and CAP_SYS_RAWIO, which engines
-/// grant together only to privileged containers.
-pub fn is_privileged(spec: &Spec) -> bool {
-    let bounding = spec
-        .process()
-        .as_ref()
-        .and_then(|p| p.capabilities().as_ref())
-        .and_then(|c| c.bounding().as_ref());
-    bounding.is_some_and(|b| {
-        [Capability::SysAdmin, Capability::SysModule, Capability::SysRawio]
-            .iter()
-            .all(|c| b.contains(c))
+/// grant together only to privileged containers. Takes the names as the spec
+/// spells them (any case, `CAP_` prefix or not), so it also works for a spec
+/// oci-spec cannot represent.
+pub fn is_privileged<S: AsRef<str>>(bounding: &[S]) -> bool {
+    let has = |want: &str| {
+        bounding.iter().any(|c| {
+            let c = c.as_ref();
+            let bare = if c.len() >= 4 && c[..4].eq_ignore_ascii_case("CAP_") {
+                &c[4..]
+            } else {
+                c
+            };
+            bare.eq_ignore_ascii_case(want)
+        })
+    };
+    ["SYS_ADMIN", "SYS_MODULE", "SYS_RAWIO"].iter().all(|c| has(c))
+}
+
+/// What a container asks of device injection, known before any CDI spec is
+/// read: explicit requests (config defaults, annotations) and whether
+/// `NVIDIA_VISIBLE_DEVICES` selects devices that are honoured for it.
+pub struct Asked {
+    explicit: Vec<Request>,
+    env_selects: bool,
+    /// Set when `NVIDIA_VISIBLE_DEVICES` selects devices but is not honoured.
+    pub warning: Option<String>,
+}
+
+impl Asked {
+    pub fn anything(&self) -> bool {
+        !self.explicit.is_empty() || self.env_selects
+    }
+}
+
+/// Reads the requests out of a container's annotations and env (see [`inject`]).
+pub fn asked(
+    annotations: Option<&HashMap<String, String>>,
+    env: &[String],
+    cfg: &DeviceConfig,
+    privileged: bool,
+) -> Result<Asked, DeviceError> {
+    let explicit = request::explicit_requests(annotations, cfg, privileged)?;
+    let env_selects = !VisibleDevices::from_env(env).device_names().is_empty();
+    let env_honoured = privileged || cfg.nvidia_visible_devices;
+    let warning = (env_selects && !env_honoured).then(|| {
+        format!(
+            "{NVIDIA_VISIBLE_DEVICES} ignored for an unprivileged container: devices.nvidia_visible_devices = false"
+        )
+    });
+    Ok(Asked {
+        explicit,
+        env_selects: env_selects && env_honoured,
+        warning,
     })
 }
 
@@ -186,23 +229,17 @@ pub fn is_privileged(spec: &Spec) -> bool {
 /// filesystem. On error the spec is left unchanged.
 pub fn inject(spec: &mut Spec, cfg: &DeviceConfig, privileged: bool) -> Result<Injection, DeviceError> {
     let mut report = Injection::default();
-    let explicit = request::explicit_requests(spec.annotations().as_ref(), cfg, privileged)?;
     let env: Vec<String> = spec
         .process()
         .as_ref()
         .and_then(|p| p.env().clone())
         .unwrap_or_default();
-    let env_selects = !VisibleDevices::from_env(&env).device_names().is_empty();
-    let env_honoured = privileged || cfg.nvidia_visible_devices;
-    if env_selects && !env_honoured {
-        report.warnings.push(format!(
-            "{NVIDIA_VISIBLE_DEVICES} ignored for an unprivileged container: devices.nvidia_visible_devices = false"
-        ));
-    }
-    let env_requests_something = env_selects && env_honoured;
-    if explicit.is_empty() && !env_requests_something {
+    let asked = asked(spec.annotations().as_ref(), &env, cfg, privileged)?;
+    report.warnings.extend(asked.warning.clone());
+    if !asked.anything() {
         return Ok(report);
     }
+    let explicit = asked.explicit;
 
     let registry = cdi::Registry::load(&cfg.cdi_spec_dirs);
     let mut plan = Plan::default();
