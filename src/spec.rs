@@ -152,13 +152,17 @@ pub fn is_newer_than_model(e: &serde_json::Error) -> bool {
         && (msg.starts_with("unknown variant") || msg.starts_with("no variant for"))
 }
 
+fn read(bundle: &Path) -> Result<(PathBuf, Vec<u8>), SpecError> {
+    let path = config_path(bundle);
+    match std::fs::read(&path) {
+        Ok(raw) => Ok((path, raw)),
+        Err(source) => Err(SpecError::Read { path, source }),
+    }
+}
+
 /// Reads and parses `config.json`.
 pub fn load(bundle: &Path) -> Result<Loaded, SpecError> {
-    let path = config_path(bundle);
-    let raw = std::fs::read(&path).map_err(|source| SpecError::Read {
-        path: path.clone(),
-        source,
-    })?;
+    let (path, raw) = read(bundle)?;
     let view = serde_json::from_slice(&raw).map_err(|source| SpecError::Parse {
         path: path.clone(),
         source,
@@ -173,11 +177,7 @@ pub fn load(bundle: &Path) -> Result<Loaded, SpecError> {
 /// Only the annotations of the bundle's config.json: `start` needs nothing else, and skipping
 /// the rest is cheaper than building a whole `Spec` in a process that lives a millisecond.
 pub fn load_annotations(bundle: &Path) -> Result<HashMap<String, String>, SpecError> {
-    let path = config_path(bundle);
-    let raw = std::fs::read(&path).map_err(|source| SpecError::Read {
-        path: path.clone(),
-        source,
-    })?;
+    let (path, raw) = read(bundle)?;
     let v: View = serde_json::from_slice(&raw).map_err(|source| SpecError::Parse { path, source })?;
     Ok(v.annotations())
 }
