@@ -234,8 +234,8 @@ pub fn inject(spec: &mut Spec, cfg: &DeviceConfig, privileged: bool) -> Result<I
         .as_ref()
         .and_then(|p| p.env().clone())
         .unwrap_or_default();
-    let asked = asked(spec.annotations().as_ref(), &env, cfg, privileged)?;
-    report.warnings.extend(asked.warning.clone());
+    let mut asked = asked(spec.annotations().as_ref(), &env, cfg, privileged)?;
+    report.warnings.extend(asked.warning.take());
     if !asked.anything() {
         return Ok(report);
     }
