@@ -21,7 +21,7 @@ use crate::container::{RuntimeRecord, INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG};
 use crate::options::{self, EngineOptions};
 use crate::reaper::Reaper;
 use crate::runtime::OciRuntime;
-use crate::spec;
+use crate::{files, spec};
 
 /// The fd numbers the daemon inherits: its bound listener and the ready pipe.
 pub const LISTENER_FD: i32 = 3;
@@ -45,6 +45,8 @@ pub enum BootstrapError {
     NotReady(String),
     #[error("{0}")]
     Runtime(#[from] crate::runtime::RuntimeError),
+    #[error(transparent)]
+    Spec(#[from] crate::spec::SpecError),
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> BootstrapError + 'a {
@@ -121,16 +123,20 @@ pub enum Started {
 
 /// `start`: finds or spawns the daemon for this container's group and returns its `unix://`
 /// address, or, in the forked daemon itself, the flags to serve with.
+///
+/// Everything that can be refused is refused before a daemon is forked (ids, a missing or
+/// malformed `config.json`, the config); a failure after the fork (writing `address` on a full
+/// disk) kills, reaps and unlinks the daemon this call spawned, so nothing is left serving.
 pub fn start(flags: &Flags, stdin: &[u8]) -> Result<Started, BootstrapError> {
+    spec::validate_namespace(&flags.namespace)?;
+    spec::validate_id(&flags.id)?;
     let bundle = bundle_dir(flags);
+    let annotations = spec::load_annotations(&bundle)?;
     let engine = options::from_stdin(stdin, &flags.id, &flags.namespace);
     let (config, _) = Config::resolve(engine.config_path.as_deref())?;
-    let group = spec::load_annotations(&bundle)
-        .ok()
-        .and_then(|a| spec::group_id(&a))
-        .unwrap_or_else(|| flags.id.clone());
+    let group = spec::group_id(&annotations).unwrap_or_else(|| flags.id.clone());
     let socket_dir = &config.shim.socket_dir;
-    std::fs::create_dir_all(socket_dir).map_err(io_err("create", socket_dir))?;
+    files::private_dir(socket_dir).map_err(io_err("create", socket_dir))?;
     let sock = socket_path(socket_dir, &flags.namespace, &group)?;
     let address = format!("unix://{}", sock.display());
 
@@ -139,21 +145,40 @@ pub fn start(flags: &Flags, stdin: &[u8]) -> Result<Started, BootstrapError> {
     let dir = nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| io_err("lock", socket_dir)(e.into()))?;
 
-    let pid = match UnixStream::connect(&sock) {
-        Ok(conn) => peer_pid(&conn).unwrap_or(0),
-        Err(_) => match spawn_daemon(flags, &bundle, &sock, &engine)? {
-            Spawned::Parent(pid) => pid,
-            Spawned::Child(daemon) => {
-                // The lock's descriptor is already closed here; unlocking belongs to the parent.
-                std::mem::forget(dir);
-                return Ok(Started::Daemon(daemon, Box::new(config)));
+    let (pid, spawned) = match UnixStream::connect(&sock) {
+        Ok(conn) => (peer_pid(&conn).unwrap_or(0), false),
+        // Only a socket nobody serves may be replaced; any other error (a full backlog, a
+        // permission problem) must not orphan the pod's live daemon.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ECONNREFUSED) => {
+            match spawn_daemon(flags, &bundle, &sock, &engine)? {
+                Spawned::Parent(pid) => (pid, true),
+                Spawned::Child(daemon) => {
+                    // The lock's descriptor is already closed here; unlocking belongs to the parent.
+                    std::mem::forget(dir);
+                    return Ok(Started::Daemon(daemon, Box::new(config)));
+                }
             }
-        },
+        }
+        Err(e) => return Err(io_err("connect", &sock)(e)),
     };
+    let written = files::write_atomic(&bundle.join("address"), address.as_bytes())
+        .and_then(|()| files::write_atomic(&bundle.join("shim.pid"), pid.to_string().as_bytes()));
+    if let Err(e) = written {
+        if spawned {
+            abandon_daemon(pid, &sock);
+        }
+        return Err(io_err("write address into", &bundle)(e));
+    }
     drop(dir);
-    std::fs::write(bundle.join("address"), &address).map_err(io_err("write", &bundle))?;
-    std::fs::write(bundle.join("shim.pid"), pid.to_string()).map_err(io_err("write", &bundle))?;
     Ok(Started::Address(address))
+}
+
+/// Kills and reaps a daemon this `start` forked but could not hand out, and removes its socket.
+fn abandon_daemon(pid: i32, sock: &Path) {
+    let pid = nix::unistd::Pid::from_raw(pid);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::wait::waitpid(pid, None);
+    let _ = std::fs::remove_file(sock);
 }
 
 fn bind_unlistened(path: &Path) -> std::io::Result<OwnedFd> {
@@ -277,21 +302,20 @@ fn wait_ready(ready: OwnedFd, timeout: Duration) -> Result<(), BootstrapError> {
 
 /// `delete`: cleans up a bundle whose daemon is gone, as containerd asks after a shim died.
 pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
+    spec::validate_namespace(&flags.namespace)?;
+    spec::validate_id(&flags.id)?;
     let bundle = bundle_dir(flags);
     let record: Option<RuntimeRecord> = std::fs::read(bundle.join(RUNTIME_FILE))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
     let reaper = Reaper::default();
     reaper.start().map_err(io_err("signal handler", &bundle))?;
-    let (binary, root, systemd) = match &record {
-        Some(r) => (r.binary.clone(), r.root.clone(), r.systemd_cgroup),
+    let (binary, root, systemd, socket_dir) = match record {
+        Some(r) => (r.binary, r.root, r.systemd_cgroup, r.socket_dir),
         None => {
             let (c, _) = Config::resolve(None)?;
-            (
-                c.runtime.binary,
-                c.runtime.root.join(&flags.namespace),
-                c.runtime.systemd_cgroup,
-            )
+            let root = c.runtime.root.join(&flags.namespace);
+            (c.runtime.binary, root, c.runtime.systemd_cgroup, c.shim.socket_dir)
         }
     };
     let rt = OciRuntime::new(&binary, root, systemd, bundle.join(RUNTIME_LOG), reaper);
@@ -305,15 +329,16 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok())
         .unwrap_or(0);
-    // The dead daemon's socket, if nothing serves it any more.
+    // The dead daemon's socket, if nothing serves it any more: only ever a socket in the
+    // socket directory, whatever a planted `address` names.
     if let Ok(addr) = std::fs::read_to_string(bundle.join("address")) {
         let path = Path::new(addr.trim().trim_start_matches("unix://"));
-        if UnixStream::connect(path).is_err() {
+        if files::is_socket_in(path, &socket_dir) && UnixStream::connect(path).is_err() {
             let _ = std::fs::remove_file(path);
         }
     }
     for f in [INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG] {
-        let _ = std::fs::remove_file(bundle.join(f));
+        files::remove_entry(&bundle.join(f));
     }
     Ok(DeleteResponse {
         pid,

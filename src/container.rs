@@ -16,6 +16,7 @@ use thiserror::Error;
 
 use crate::cgroups::{CgroupError, ContainerCgroup};
 use crate::config::{Config, ConfigError};
+use crate::files;
 use crate::io::{self, IoError, StdioPaths};
 use crate::mount::{self, MountError};
 use crate::options::{self, EngineOptions};
@@ -33,6 +34,10 @@ pub const RUNTIME_LOG: &str = "log.json";
 pub enum TaskError {
     #[error("container {0:?} not found")]
     NotFound(String),
+    /// Something other than a container is missing or gone (a process that finished, a
+    /// cgroup): NOT_FOUND with the message as it stands.
+    #[error("{0}")]
+    Gone(String),
     #[error("exec {exec:?} not found in container {id:?}")]
     ExecNotFound { id: String, exec: String },
     #[error("{0} already exists")]
@@ -68,6 +73,13 @@ pub struct RuntimeRecord {
     pub root: PathBuf,
     pub systemd_cgroup: bool,
     pub rootfs_mounted: bool,
+    /// Where the daemon's socket lives: `delete` removes a dead daemon's socket only there.
+    #[serde(default = "default_socket_dir")]
+    pub socket_dir: PathBuf,
+}
+
+fn default_socket_dir() -> PathBuf {
+    crate::config::ShimConfig::default().socket_dir
 }
 
 /// Everything Create needs.
@@ -124,10 +136,10 @@ impl Undo<'_> {
             let _ = mount::unmount_all(t);
         }
         if let Some(raw) = &self.original_config {
-            let _ = std::fs::write(spec::config_path(self.bundle), raw);
+            let _ = files::write_atomic(&spec::config_path(self.bundle), raw);
         }
         for f in [INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG] {
-            let _ = std::fs::remove_file(self.bundle.join(f));
+            files::remove_entry(&self.bundle.join(f));
         }
     }
 }
@@ -169,10 +181,9 @@ impl Container {
             mounted: None,
             original_config: None,
         };
-        let rootfs_target = p.bundle.join("rootfs");
         if !p.rootfs.is_empty() {
-            undo.mounted = Some(rootfs_target.clone());
-            mount::mount_all(&p.rootfs, &rootfs_target)?;
+            // The resolved target (the bundle may sit behind a symlink): what is unmounted later.
+            undo.mounted = Some(mount::mount_all(&p.rootfs, &p.bundle.join("rootfs"))?);
         } else {
             let root = loaded.view.root_path(&p.bundle);
             if !root.is_dir() {
@@ -198,10 +209,16 @@ impl Container {
             root: runtime.root.clone(),
             systemd_cgroup: runtime.systemd_cgroup,
             rootfs_mounted: undo.mounted.is_some(),
+            socket_dir: p.console_dir.clone(),
         };
         let record_json = serde_json::to_vec(&record).map_err(|e| TaskError::Internal(e.to_string()))?;
-        std::fs::write(p.bundle.join(RUNTIME_FILE), record_json)
+        files::write_atomic(&p.bundle.join(RUNTIME_FILE), &record_json)
             .map_err(|e| TaskError::Internal(format!("write {RUNTIME_FILE}: {e}")))?;
+        // Fresh regular files where the runtime writes (its log, the pid file), whatever was
+        // planted under those names: the runtime opens them by path.
+        files::remove_entry(&p.bundle.join(INIT_PID_FILE));
+        files::write_atomic(&p.bundle.join(RUNTIME_LOG), b"")
+            .map_err(|e| TaskError::Internal(format!("write {RUNTIME_LOG}: {e}")))?;
 
         let owner = io::Owner {
             id: &p.id,
@@ -293,7 +310,7 @@ impl Container {
             .ok_or_else(|| TaskError::Precondition(format!("container {:?} has no cgroup to read", self.id)))?;
         match cg.metrics_any() {
             Ok(any) => Ok(any),
-            Err(CgroupError::Gone { .. }) => Err(TaskError::NotFound(format!("cgroup of {:?} is gone", self.id))),
+            Err(CgroupError::Gone { .. }) => Err(TaskError::Gone(format!("cgroup of container {:?} is gone", self.id))),
             Err(e) => Err(e.into()),
         }
     }
@@ -359,7 +376,7 @@ impl Container {
         }
         let p = Arc::new(Process::new(exec_id, stdio, Arc::default()));
         // Keep the raw spec for Start.
-        std::fs::write(self.exec_spec_path(exec_id), &spec.value)
+        files::write_atomic(&self.exec_spec_path(exec_id), &spec.value)
             .map_err(|e| TaskError::Internal(format!("write exec spec: {e}")))?;
         execs.insert(exec_id.to_string(), p);
         Ok(())
@@ -394,6 +411,7 @@ impl Container {
         };
         let prepared = io::prepare(&p.stdio, &self.console_dir, &owner).await?;
         let pid_file = self.exec_pid_path(exec_id);
+        files::remove_entry(&pid_file);
         let spec_file = self.exec_spec_path(exec_id);
         let started = Instant::now();
         let spawn = Spawn {
@@ -452,7 +470,7 @@ impl Container {
         self.init.io().drain(Duration::from_secs(2)).await;
         if self.crio && self.oom_killed.load(Ordering::SeqCst) && exit.status != 0 {
             // CRI-O learns of OOM kills only from this file, which must exist before Wait returns.
-            if let Err(e) = std::fs::write(self.bundle.join("oom"), b"") {
+            if let Err(e) = files::write_atomic(&self.bundle.join("oom"), b"") {
                 warn!(self.log, "cannot write oom marker"; "error" => %e);
             }
         }
@@ -466,34 +484,44 @@ impl Container {
         info
     }
 
+    /// Signals init (through the runtime) or an exec. Codes as containerd's Go shim returns
+    /// them: INVALID_ARGUMENT for a signal that does not exist, NOT_FOUND "process already
+    /// finished" for a process that exited, except that SIGKILL and SIGTERM to an exited
+    /// process succeed (CRI-O stops containers that way whether or not they still run).
     pub async fn kill(&self, exec_id: &str, signal: u32, all: bool) -> Result<(), TaskError> {
+        check_signal(signal)?;
         let p = self.process(exec_id)?;
-        let exited = p.status() == Status::Stopped;
-        if exited {
-            if signal == libc::SIGKILL as u32 || signal == libc::SIGTERM as u32 {
-                return Ok(());
-            }
-            return Err(TaskError::NotFound(format!(
-                "process {:?} of {:?} already finished",
-                exec_id, self.id
-            )));
+        let terminating = signal == libc::SIGKILL as u32 || signal == libc::SIGTERM as u32;
+        let reaped = p.status() == Status::Stopped || exec_id.is_empty() && self.init_reaped.load(Ordering::SeqCst);
+        if reaped {
+            return if terminating { Ok(()) } else { Err(finished()) };
         }
         if exec_id.is_empty() {
             if signal == 0 {
-                return signal_pid(p.pid(), 0)
-                    .map_err(|_| TaskError::NotFound(format!("process {:?} already finished", self.id)));
+                return signal_pid(p.pid(), 0).map_err(|_| finished());
             }
             return match self.runtime.kill(&self.id, signal, all).await {
                 Ok(()) => Ok(()),
-                // The process may have exited between the check and the runtime call.
-                Err(_) if self.init.status() == Status::Stopped && signal != 0 => Ok(()),
+                // The process exited between the check and the runtime call.
+                Err(e) if e.is_not_running() || self.init_reaped.load(Ordering::SeqCst) => {
+                    if terminating {
+                        Ok(())
+                    } else {
+                        Err(finished())
+                    }
+                }
                 Err(e) => Err(e.into()),
             };
         }
         if p.status() == Status::Created {
             return Err(TaskError::Precondition(format!("exec {exec_id:?} has not started")));
         }
-        signal_pid(p.pid(), signal).map_err(|e| TaskError::NotFound(format!("exec {exec_id:?}: {e}")))
+        match signal_pid(p.pid(), signal) {
+            Ok(()) => Ok(()),
+            Err(nix::Error::ESRCH) if terminating => Ok(()),
+            Err(nix::Error::ESRCH) => Err(finished()),
+            Err(e) => Err(TaskError::Internal(format!("signal {signal} to exec {exec_id:?}: {e}"))),
+        }
     }
 
     /// Deletes an exec; returns its exit.
@@ -537,7 +565,7 @@ impl Container {
             mount::unmount_all(t)?;
         }
         for f in [INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG] {
-            let _ = std::fs::remove_file(self.bundle.join(f));
+            files::remove_entry(&self.bundle.join(f));
         }
         info!(self.log, "deleted"; "status" => exit.status);
         Ok(exit)
@@ -557,9 +585,12 @@ impl Container {
                 self.id
             )));
         }
-        let path = self.bundle.join("gantry-update.json");
+        // One file per call: concurrent Updates never share (or truncate) each other's.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let path = self.bundle.join(format!("gantry-update-{n}.json"));
         let json = serde_json::to_vec(&parsed).map_err(|e| TaskError::Internal(e.to_string()))?;
-        std::fs::write(&path, json).map_err(|e| TaskError::Internal(format!("write {}: {e}", path.display())))?;
+        files::write_atomic(&path, &json).map_err(|e| TaskError::Internal(format!("write {}: {e}", path.display())))?;
         let result = self.runtime.update(&self.id, &path).await;
         let _ = std::fs::remove_file(&path);
         result?;
@@ -603,16 +634,29 @@ async fn futures_wait_all(ps: &[Arc<Process>]) {
     }
 }
 
+fn finished() -> TaskError {
+    TaskError::Gone("process already finished".into())
+}
+
+/// Refuses a signal number the kernel does not have (1..=SIGRTMAX, or 0 for a liveness probe).
+fn check_signal(signal: u32) -> Result<(), TaskError> {
+    if signal > libc::SIGRTMAX() as u32 {
+        return Err(TaskError::InvalidArgument(format!(
+            "invalid signal {signal}: signals are 0 to {}",
+            libc::SIGRTMAX()
+        )));
+    }
+    Ok(())
+}
+
 fn signal_pid(pid: i32, signal: u32) -> Result<(), nix::Error> {
     if pid <= 0 {
         return Err(nix::Error::ESRCH);
     }
-    let sig = if signal == 0 {
-        None
-    } else {
-        Some(nix::sys::signal::Signal::try_from(signal as i32)?)
-    };
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig)
+    // Raw kill(2): real-time signals have no `nix::Signal` variant.
+    // SAFETY: kill has no memory-safety preconditions.
+    let rc = unsafe { libc::kill(pid, signal as libc::c_int) };
+    nix::Error::result(rc).map(drop)
 }
 
 fn read_pid(path: &Path) -> Result<i32, TaskError> {

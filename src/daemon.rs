@@ -14,6 +14,7 @@ use crate::bootstrap::{bundle_dir, LISTENER_FD, READY_FD};
 use crate::config::Config;
 use crate::events::Publisher;
 use crate::logging;
+use crate::peer::SameUserListener;
 use crate::reaper::{self, Reaper};
 use crate::service::{services, Service, TaskService};
 
@@ -91,11 +92,16 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger) -> Result<(), DaemonEr
     );
     nix::sys::socket::listen(&listener, nix::sys::socket::Backlog::MAXCONN)
         .map_err(|e| DaemonError::Listener(ttrpc::Error::Others(e.to_string())))?;
-    // SAFETY: ownership of the listening socket passes to the server.
-    let server =
-        unsafe { ttrpc::r#async::Server::new().add_unix_listener(std::os::fd::IntoRawFd::into_raw_fd(listener)) };
-    let mut server = server
-        .map_err(DaemonError::Listener)?
+    let listener = std::os::unix::net::UnixListener::from(listener);
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| DaemonError::Listener(ttrpc::Error::Others(e.to_string())))?;
+    let listener = tokio::net::UnixListener::from_std(listener)
+        .map_err(|e| DaemonError::Listener(ttrpc::Error::Others(e.to_string())))?;
+    // Only peers of the daemon's own user get a ttrpc connection, whatever the socket's mode.
+    let accepted = SameUserListener::new(listener, log.clone());
+    let mut server = ttrpc::r#async::Server::new()
+        .add_listener(ttrpc::r#async::transport::Listener::new(accepted))
         .register_service(services(Service(task.clone())));
     server.start().await.map_err(DaemonError::Server)?;
     signal_ready();

@@ -4,9 +4,7 @@
 //! a vanished reader only costs log lines (SIGPIPE is ignored). No logging thread: a second
 //! thread costs every daemon its stack and its own malloc arena.
 
-use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -14,11 +12,8 @@ use slog::{o, Drain, Level, Logger};
 
 /// Opens `<bundle>/log` for non-blocking writing if someone reads it; otherwise logs go nowhere.
 pub fn open_log_fifo(bundle: &Path) -> Option<LineSink<std::fs::File>> {
-    let f = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(bundle.join("log"))
-        .ok()?;
+    // Never through a planted link: the log is the engine's FIFO or nothing.
+    let f = crate::files::open_write_nofollow(&bundle.join("log"), libc::O_NONBLOCK).ok()?;
     Some(LineSink::new(f))
 }
 
@@ -131,6 +126,8 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
+    use std::os::unix::fs::OpenOptionsExt;
 
     #[test]
     fn whole_lines_in_one_write() {

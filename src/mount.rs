@@ -1,6 +1,6 @@
 //! Mounting the rootfs containerd hands over in Create, and taking it down again.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use containerd_shim_protos::api::Mount;
 use thiserror::Error;
@@ -20,9 +20,15 @@ pub enum MountError {
     Mkdir { target: String, source: std::io::Error },
 }
 
-/// Mounts each of containerd's rootfs mounts on `target` in order.
-pub fn mount_all(mounts: &[Mount], target: &Path) -> Result<(), MountError> {
+/// Mounts each of containerd's rootfs mounts on `target` in order; returns the resolved
+/// target the mounts sit on (`/proc/self/mountinfo` names mount points by their real path, so a
+/// bundle behind a symlink, such as /var/run -> /run, is unmounted by that path).
+pub fn mount_all(mounts: &[Mount], target: &Path) -> Result<PathBuf, MountError> {
     std::fs::create_dir_all(target).map_err(|source| MountError::Mkdir {
+        target: target.display().to_string(),
+        source,
+    })?;
+    let target = &target.canonicalize().map_err(|source| MountError::Mkdir {
         target: target.display().to_string(),
         source,
     })?;
@@ -39,17 +45,18 @@ pub fn mount_all(mounts: &[Mount], target: &Path) -> Result<(), MountError> {
             });
         }
     }
-    Ok(())
+    Ok(target.clone())
 }
 
-/// Unmounts everything at or below `target` (lazily if busy); a missing target is fine.
+/// Unmounts everything at or below `target` (lazily if busy), found by its resolved path; a
+/// missing target is fine.
 pub fn unmount_all(target: &Path) -> Result<(), MountError> {
+    let Ok(target) = target.canonicalize() else {
+        return Ok(());
+    };
     let Some(t) = target.to_str() else {
         return Ok(());
     };
-    if !target.exists() {
-        return Ok(());
-    }
     containerd_shim::mount::umount_recursive(Some(t), libc::MNT_DETACH).map_err(|e| MountError::Unmount {
         target: t.to_string(),
         message: e.to_string(),
@@ -61,6 +68,7 @@ pub fn is_mountpoint(target: &Path) -> bool {
     let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;
     };
+    let target = target.canonicalize().unwrap_or_else(|_| target.to_path_buf());
     let t = target.to_string_lossy();
     text.lines().any(|l| l.split(' ').nth(4) == Some(&*t))
 }

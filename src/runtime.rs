@@ -42,6 +42,17 @@ impl RuntimeError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, RuntimeError::Failed { not_found: true, .. })
     }
+
+    /// The runtime refused because the container's process is gone (a Kill racing its exit).
+    pub fn is_not_running(&self) -> bool {
+        match self {
+            RuntimeError::Failed { message, .. } => {
+                let m = message.to_lowercase();
+                m.contains("not running") || m.contains("process already finished") || m.contains("no such process")
+            }
+            _ => false,
+        }
+    }
 }
 
 /// The container's stdio as handed to `create`/`exec` (inherited by the container process).
@@ -148,6 +159,7 @@ impl OciRuntime {
         })?;
         // Subscribe before the first await so the reaper cannot hand the exit to nobody.
         let exited = self.reaper.subscribe(child.id() as i32);
+        crate::peer::note_runtime(child.id() as i32);
         let (mut out, mut err) = (Vec::new(), Vec::new());
         if capture {
             let stdout = child.stdout.take().map(pipe_reader).transpose()?;
@@ -172,17 +184,7 @@ impl OciRuntime {
             return Ok(out);
         }
         let logged = read_log_errors(&self.log, log_start);
-        let stderr = String::from_utf8_lossy(&err).trim().to_string();
-        let message = [logged, stderr]
-            .into_iter()
-            .filter(|s| !s.is_empty())
-            .collect::<Vec<_>>()
-            .join("; ");
-        let message = if message.is_empty() {
-            format!("exit status {}", exit.status)
-        } else {
-            message
-        };
+        let message = failure_message(&logged, &String::from_utf8_lossy(&err), exit.status, capture);
         let lower = message.to_lowercase();
         let not_found = lower.contains("does not exist") || lower.contains("not found") && lower.contains("container");
         Err(RuntimeError::Failed {
@@ -326,6 +328,30 @@ fn read_log_errors(path: &Path, offset: u64) -> String {
     parse_log_errors(&text)
 }
 
+/// The runtime's own words for a failure: its logged errors, then whatever stderr adds (runc
+/// and crun print the same error to both; it is said once). Without either, the exit status,
+/// and where the text went when stderr was the container's.
+fn failure_message(logged: &str, stderr: &str, status: u32, captured: bool) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    if !logged.is_empty() {
+        parts.push(logged);
+    }
+    for line in stderr.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let repeated = logged.contains(line) || !logged.is_empty() && line.contains(logged);
+        if !repeated && !parts.contains(&line) {
+            parts.push(line);
+        }
+    }
+    if !parts.is_empty() {
+        return parts.join("; ");
+    }
+    if captured {
+        format!("exit status {status}")
+    } else {
+        format!("exit status {status} with nothing in its log (its stderr is the process's stderr)")
+    }
+}
+
 /// Extracts `msg` of error-level JSON log lines (runc and crun both log `{"level","msg"}`).
 pub fn parse_log_errors(text: &str) -> String {
     #[derive(Deserialize)]
@@ -366,6 +392,25 @@ mod tests {
         assert_eq!(look_path("missing", Some(&path)), PathBuf::from("missing"));
         assert_eq!(look_path("./rt", Some(&path)), PathBuf::from("./rt"));
         assert_eq!(look_path("/usr/bin/rt", None), PathBuf::from("/usr/bin/rt"));
+    }
+
+    #[test]
+    fn failure_text_is_said_once() {
+        let logged = "runc create failed: unable to start container process: exec: \"nope\": not found";
+        let stderr = format!("{logged}\n");
+        assert_eq!(failure_message(logged, &stderr, 1, true), logged);
+        let logrus = format!("time=\"2026\" level=error msg=\"{logged}\"\n");
+        assert_eq!(failure_message(logged, &logrus, 1, true), logged);
+        assert_eq!(
+            failure_message("", "unable to signal init: x\nunable to signal init: x\n", 1, true),
+            "unable to signal init: x"
+        );
+        assert_eq!(
+            failure_message(logged, "other words\n", 1, true),
+            format!("{logged}; other words")
+        );
+        assert_eq!(failure_message("", "", 3, true), "exit status 3");
+        assert!(failure_message("", "", 3, false).contains("process's stderr"));
     }
 
     #[test]

@@ -34,10 +34,10 @@ use crate::reaper::Reaper;
 pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
     use ttrpc::Code;
     let code = match e {
-        TaskError::NotFound(_) | TaskError::ExecNotFound { .. } => Code::NOT_FOUND,
+        TaskError::NotFound(_) | TaskError::ExecNotFound { .. } | TaskError::Gone(_) => Code::NOT_FOUND,
         TaskError::AlreadyExists(_) => Code::ALREADY_EXISTS,
         TaskError::InvalidArgument(_) | TaskError::Config(_) | TaskError::Spec(_) => Code::INVALID_ARGUMENT,
-        TaskError::Io(IoError::Open { .. } | IoError::Scheme(_)) => Code::INVALID_ARGUMENT,
+        TaskError::Io(IoError::Open { .. } | IoError::Scheme(_) | IoError::NotAbsolute(_)) => Code::INVALID_ARGUMENT,
         TaskError::Precondition(_) | TaskError::State(_) => Code::FAILED_PRECONDITION,
         TaskError::Unimplemented(_) => Code::UNIMPLEMENTED,
         TaskError::Runtime(r) if r.is_not_found() => Code::NOT_FOUND,

@@ -23,6 +23,8 @@ pub const RUNC_GROUP: &str = "io.containerd.runc.v2.group";
 pub enum SpecError {
     #[error("invalid id {id:?}: {why}")]
     Id { id: String, why: &'static str },
+    #[error("namespace validation: identifier {0:?} must match ^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$ and be at most 76 characters")]
+    Namespace(String),
     #[error("read {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("malformed {path}: {source}")]
@@ -59,6 +61,18 @@ pub fn validate_id(id: &str) -> Result<(), SpecError> {
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '+' | '@' | ':'))
     {
         return bad("only letters, digits and _ - . + @ : are allowed");
+    }
+    Ok(())
+}
+
+/// Namespaces become directory names under the runtime root: validated as containerd validates
+/// its identifiers (a direct caller of `start` is not filtered by containerd).
+pub fn validate_namespace(ns: &str) -> Result<(), SpecError> {
+    let words_ok = ns
+        .split(['.', '_', '-'])
+        .all(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric()));
+    if ns.is_empty() || ns.len() > 76 || !words_ok {
+        return Err(SpecError::Namespace(ns.to_string()));
     }
     Ok(())
 }
@@ -201,7 +215,8 @@ pub fn save(bundle: &Path, loaded: &Loaded) -> Result<(), SpecError> {
         .and_then(serde_json::to_value)
         .map_err(write_err)?;
     let data = serde_json::to_vec(&carry_unmodelled(original, &modelled, edited)).map_err(write_err)?;
-    std::fs::write(&path, data).map_err(|source| SpecError::Write { path, source })
+    // Renamed into place: atomic for a concurrent reader, and never written through a link.
+    crate::files::write_atomic(&path, &data).map_err(|source| SpecError::Write { path, source })
 }
 
 /// `edited`, plus what the typed round trip of `original` (`modelled`) dropped. Objects keep
@@ -310,6 +325,28 @@ mod tests {
         }
         for bad in ["", "a/b", "..", "../x", "a..b", "a b", "x\0"] {
             assert!(validate_id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn namespaces_follow_containerd_identifiers() {
+        for ok in ["default", "k8s.io", "moby", "a-b_c.d", "x1", &"n".repeat(76)] {
+            assert!(validate_namespace(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "../../esc",
+            "a/b",
+            "a..b",
+            ".a",
+            "a.",
+            "a b",
+            "-a",
+            &"n".repeat(77),
+            "ns\0",
+        ] {
+            let e = validate_namespace(bad).unwrap_err();
+            assert!(e.to_string().starts_with("namespace validation: identifier"), "{e}");
         }
     }
 

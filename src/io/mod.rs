@@ -37,6 +37,8 @@ pub enum IoError {
     },
     #[error("unsupported stdio URI {0:?} (use a FIFO path, file:// or binary://)")]
     Scheme(String),
+    #[error("stdio URI {0:?}: the path must be absolute")]
+    NotAbsolute(String),
     #[error("console socket {path:?}: {source}")]
     Console { path: PathBuf, source: std::io::Error },
     #[error("resize pty: {0}")]
@@ -73,10 +75,16 @@ pub fn parse_target(s: &str) -> Result<Target, IoError> {
         return Ok(Target::None);
     }
     if let Some(rest) = s.strip_prefix("file://") {
+        if !rest.starts_with('/') {
+            return Err(IoError::NotAbsolute(s.to_string()));
+        }
         return Ok(Target::File(PathBuf::from(rest)));
     }
     if let Some(rest) = s.strip_prefix("binary://") {
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        if !path.starts_with('/') {
+            return Err(IoError::NotAbsolute(s.to_string()));
+        }
         let args = query
             .split('&')
             .filter(|kv| !kv.is_empty())
@@ -102,7 +110,9 @@ fn percent_decode(s: &str) -> String {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+            // Bytes, not a str slice: a multi-byte character after '%' must not split.
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
                 out.push(b);
                 i += 3;
                 continue;
@@ -155,7 +165,17 @@ fn open_output(which: &'static str, target: &Target) -> Result<(Option<OwnedFd>,
             let (w, keep) = open_output_fifo(which, p)?;
             Ok((Some(w), Some(keep)))
         }
-        Target::Path(p) | Target::File(p) => {
+        // A plain path is the engine's to make (its FIFO, or a file such as /dev/null): gantry
+        // never creates directories or files for one, as the Go shim does not.
+        Target::Path(p) => {
+            let f = OpenOptions::new()
+                .append(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(p)
+                .map_err(open_err(which, p))?;
+            Ok((Some(f.into()), None))
+        }
+        Target::File(p) => {
             if let Some(dir) = p.parent() {
                 std::fs::create_dir_all(dir).map_err(open_err(which, p))?;
             }
@@ -445,6 +465,8 @@ pub struct ConsoleSocket {
 static CONSOLE_SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl ConsoleSocket {
+    /// Binds `dir/pty-<pid>-<n>` with mode 0600 (`dir` is the daemon's private socket
+    /// directory), whatever umask the engine gave the daemon.
     fn bind(dir: &Path) -> Result<Self, IoError> {
         let n = CONSOLE_SEQ.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("pty-{}-{n}", std::process::id()));
@@ -452,25 +474,46 @@ impl ConsoleSocket {
             path: path.clone(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(err)?;
+        crate::files::private_dir(dir).map_err(err)?;
         let _ = std::fs::remove_file(&path);
-        let listener = tokio::net::UnixListener::bind(&path).map_err(err)?;
+        // The daemon runs one thread, so the umask change is seen by this bind alone.
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+        let bound = tokio::net::UnixListener::bind(&path);
+        nix::sys::stat::umask(old);
+        let listener = bound.map_err(err)?;
         Ok(Self { path, listener })
     }
 
-    /// Receives the master fd; call concurrently with the runtime's create/exec.
+    /// Receives the master fd; call concurrently with the runtime's create/exec. Only an OCI
+    /// runtime process this daemon started (or a wrapper's child), running as the daemon's
+    /// user, may hand it in; anyone else's connection is closed and the wait goes on.
     pub async fn receive(&self) -> Result<OwnedFd, IoError> {
         let err = |source| IoError::Console {
             path: self.path.clone(),
             source,
         };
-        let (stream, _) = self.listener.accept().await.map_err(err)?;
         loop {
-            stream.readable().await.map_err(err)?;
-            match stream.try_io(tokio::io::Interest::READABLE, || recv_fd(stream.as_raw_fd())) {
-                Ok(fd) => return Ok(fd),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(err(e)),
+            let (stream, _) = self.listener.accept().await.map_err(err)?;
+            match crate::peer::peer_of(&stream) {
+                Ok(p) if crate::peer::same_user(&p) && crate::peer::started_by_runtime(p.pid) => {}
+                Ok(p) => {
+                    log::warn!(
+                        "console socket {}: refused a connection from pid {} (uid {}): not the OCI runtime",
+                        self.path.display(),
+                        p.pid,
+                        p.uid
+                    );
+                    continue;
+                }
+                Err(_) => continue,
+            }
+            loop {
+                stream.readable().await.map_err(err)?;
+                match stream.try_io(tokio::io::Interest::READABLE, || recv_fd(stream.as_raw_fd())) {
+                    Ok(fd) => return Ok(fd),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return Err(err(e)),
+                }
             }
         }
     }
@@ -489,13 +532,19 @@ fn recv_fd(sock: RawFd) -> std::io::Result<OwnedFd> {
     let mut iov = [std::io::IoSliceMut::new(&mut buf)];
     let mut cmsg = nix::cmsg_space!([RawFd; 1]);
     let msg = recvmsg::<()>(sock, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            if let Some(&fd) = fds.first() {
-                // SAFETY: the kernel just installed this descriptor for us; we own it.
-                return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
+    // SAFETY: the kernel just installed these descriptors for us; we own each of them. Extra
+    // ones (a runtime sends one) are closed rather than leaked.
+    let mut fds = msg
+        .cmsgs()?
+        .filter_map(|c| match c {
+            ControlMessageOwned::ScmRights(fds) => Some(fds),
+            _ => None,
+        })
+        .flatten()
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .collect::<Vec<_>>();
+    if !fds.is_empty() {
+        return Ok(fds.swap_remove(0));
     }
     Err(std::io::Error::new(
         std::io::ErrorKind::InvalidData,
@@ -526,6 +575,106 @@ mod tests {
             }
         );
         assert!(parse_target("tcp://1.2.3.4").is_err());
+        assert!(matches!(
+            parse_target("file://relative/log"),
+            Err(IoError::NotAbsolute(_))
+        ));
+        assert!(matches!(
+            parse_target("binary://logger?x=1"),
+            Err(IoError::NotAbsolute(_))
+        ));
+        // Non-ASCII after '%' decodes without splitting a character (this panicked).
+        assert_eq!(
+            parse_target("binary:///bin/l?k=%é%41").unwrap(),
+            Target::Binary {
+                path: "/bin/l".into(),
+                args: vec![("k".into(), "%éA".into())]
+            }
+        );
+    }
+
+    /// Sends `fd` over a unix socket connected to `path` with raw calls only (it also runs
+    /// between fork and exec).
+    fn send_fd_raw(addr: &libc::sockaddr_un, fd: RawFd) -> std::io::Result<()> {
+        // SAFETY: raw syscalls on buffers owned by this frame.
+        unsafe {
+            let s = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+            if libc::connect(s, (addr as *const libc::sockaddr_un).cast(), len) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut byte = [b'x'];
+            let mut iov = libc::iovec {
+                iov_base: byte.as_mut_ptr().cast(),
+                iov_len: 1,
+            };
+            let mut space = [0u64; 8];
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = space.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+            *(libc::CMSG_DATA(c) as *mut i32) = fd;
+            if libc::sendmsg(s, &msg, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn console_socket_is_private_and_takes_the_master_only_from_a_child() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        use std::os::unix::process::CommandExt;
+        let _g = crate::sys::test_children_lock();
+        let dir = tempfile::tempdir().unwrap();
+        let sockets = dir.path().join("s");
+        std::fs::create_dir(&sockets).unwrap();
+        std::fs::set_permissions(&sockets, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let console = rt.block_on(async { ConsoleSocket::bind(&sockets) });
+        nix::sys::stat::umask(old);
+        let console = console.unwrap();
+        assert_eq!(std::fs::metadata(&console.path).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(&sockets).unwrap().mode() & 0o777, 0o700);
+
+        // SAFETY: sockaddr_un is plain data.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (i, b) in console.path.as_os_str().as_bytes().iter().enumerate() {
+            addr.sun_path[i] = *b as libc::c_char;
+        }
+        // The daemon itself is not the runtime: a pipe sent from here is refused.
+        let (pipe_r, _pipe_w) = nix::unistd::pipe().unwrap();
+        send_fd_raw(&addr, pipe_r.as_raw_fd()).unwrap();
+        // A runtime the daemon started sends its stdin, /dev/null, and is gone (reaped) before
+        // the daemon handles the connection.
+        let mut cmd = std::process::Command::new("/bin/true");
+        cmd.stdin(std::process::Stdio::null());
+        // SAFETY: only raw, async-signal-safe calls between fork and exec.
+        unsafe { cmd.pre_exec(move || send_fd_raw(&addr, 0)) };
+        let mut child = cmd.spawn().unwrap();
+        crate::peer::note_runtime(child.id() as i32);
+        assert!(child.wait().unwrap().success());
+        let got = rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), console.receive()).await })
+            .unwrap()
+            .unwrap();
+        let st = nix::sys::stat::fstat(got.as_raw_fd()).unwrap();
+        let null = nix::sys::stat::stat("/dev/null").unwrap();
+        assert_eq!(
+            st.st_rdev, null.st_rdev,
+            "the master came from the child, not the daemon"
+        );
     }
 
     #[tokio::test]

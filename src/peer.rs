@@ -1,0 +1,284 @@
+//! Who may talk to the daemon. Its ttrpc socket serves only peers of the daemon's own user
+//! and group (as containerd's Go shim, through ttrpc's same-user handshake), whatever the
+//! socket's mode; a console socket takes a pty master only from an OCI runtime process the
+//! daemon started. The listener also bounds live connections and gives memory back to the
+//! system after a burst of them.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsFd;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use slog::{warn, Logger};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{UnixListener, UnixStream};
+
+/// Live connections one daemon serves at most; further ones are closed at once. CRI-O holds
+/// one per container and containerd one per daemon, so a pod never comes near it.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// A burst of at least this many live connections that has halved triggers a heap trim.
+const TRIM_AFTER: usize = 32;
+
+/// The credentials the kernel recorded when the peer connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+pub fn peer_of(sock: &impl AsFd) -> io::Result<Peer> {
+    let c = nix::sys::socket::getsockopt(sock, nix::sys::socket::sockopt::PeerCredentials)?;
+    Ok(Peer {
+        pid: c.pid(),
+        uid: c.uid(),
+        gid: c.gid(),
+    })
+}
+
+/// True when the peer runs as this process's effective user and group.
+pub fn same_user(p: &Peer) -> bool {
+    p.uid == nix::unistd::geteuid().as_raw() && p.gid == nix::unistd::getegid().as_raw()
+}
+
+/// Runtime processes remembered for console sockets; more than ever run at once in a pod.
+const REMEMBERED_RUNTIMES: usize = 64;
+static RUNTIMES: Mutex<VecDeque<i32>> = Mutex::new(VecDeque::new());
+
+/// Records an OCI runtime process this daemon just spawned (before anything awaits), so its
+/// console-socket connection is recognised even if it exited before the accept was handled.
+pub fn note_runtime(pid: i32) {
+    let mut r = RUNTIMES.lock().unwrap_or_else(|e| e.into_inner());
+    if r.len() == REMEMBERED_RUNTIMES {
+        r.pop_front();
+    }
+    r.push_back(pid);
+}
+
+/// True when `pid` is a runtime process this daemon started, or a live descendant of one (a
+/// runtime behind a wrapper that forks).
+pub fn started_by_runtime(pid: i32) -> bool {
+    let noted: Vec<i32> = RUNTIMES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .copied()
+        .collect();
+    noted.iter().any(|r| descends_from(pid, *r))
+}
+
+/// True when `pid` is `ancestor` or one of its descendants (walking `/proc/<pid>/stat`).
+pub fn descends_from(pid: i32, ancestor: i32) -> bool {
+    let mut cur = pid;
+    for _ in 0..64 {
+        if cur == ancestor {
+            return true;
+        }
+        if cur <= 1 {
+            return false;
+        }
+        match parent_of(cur) {
+            Some(p) => cur = p,
+            None => return false,
+        }
+    }
+    false
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name (which may hold spaces): state, ppid, ...
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Counts live connections and trims the heap when a burst is over.
+#[derive(Debug, Default)]
+struct Gauge {
+    live: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl Gauge {
+    fn open(&self) -> bool {
+        let live = self.live.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(live, Ordering::SeqCst);
+        if live > MAX_CONNECTIONS {
+            self.close();
+            return false;
+        }
+        true
+    }
+
+    fn close(&self) {
+        let live = self.live.fetch_sub(1, Ordering::SeqCst).saturating_sub(1);
+        let peak = self.peak.load(Ordering::SeqCst);
+        if peak >= TRIM_AFTER && live <= peak / 2 {
+            self.peak.store(live, Ordering::SeqCst);
+            // Connection buffers freed by the burst stay in glibc's heap otherwise: a daemon
+            // that once served 1,500 connections would keep ~10 MiB for the rest of its life.
+            // SAFETY: malloc_trim only releases free heap memory.
+            #[cfg(target_env = "gnu")]
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
+    }
+}
+
+/// The daemon's accepted connections, filtered by peer credentials; a ttrpc `Listener` source.
+pub struct SameUserListener {
+    inner: UnixListener,
+    gauge: Arc<Gauge>,
+    log: Logger,
+}
+
+impl SameUserListener {
+    pub fn new(inner: UnixListener, log: Logger) -> Self {
+        Self {
+            inner,
+            gauge: Arc::default(),
+            log,
+        }
+    }
+
+    /// Live connections (for tests and metrics).
+    pub fn live(&self) -> usize {
+        self.gauge.live.load(Ordering::SeqCst)
+    }
+}
+
+impl futures_core::Stream for SameUserListener {
+    type Item = io::Result<Connection>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            let stream = match this.inner.poll_accept(cx) {
+                Poll::Ready(Ok((s, _))) => s,
+                Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
+                Poll::Pending => return Poll::Pending,
+            };
+            match peer_of(&stream) {
+                Ok(p) if same_user(&p) => {}
+                Ok(p) => {
+                    warn!(this.log, "refused connection from another user"; "peer_pid" => p.pid, "peer_uid" => p.uid, "peer_gid" => p.gid);
+                    continue;
+                }
+                Err(e) => {
+                    warn!(this.log, "refused connection without credentials"; "error" => %e);
+                    continue;
+                }
+            }
+            if !this.gauge.open() {
+                warn!(this.log, "refused connection: too many"; "limit" => MAX_CONNECTIONS);
+                continue;
+            }
+            return Poll::Ready(Some(Ok(Connection {
+                stream,
+                gauge: this.gauge.clone(),
+            })));
+        }
+    }
+}
+
+/// One accepted connection; counted until dropped.
+pub struct Connection {
+    stream: UnixStream,
+    gauge: Arc<Gauge>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.gauge.close();
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, data)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descendants_are_found_through_proc() {
+        let me = std::process::id() as i32;
+        assert!(descends_from(me, me));
+        assert!(descends_from(me, 1), "everything descends from init");
+        let _g = crate::sys::test_children_lock();
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = child.id() as i32;
+        assert!(descends_from(pid, me));
+        assert!(!descends_from(me, pid));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn runtimes_are_remembered_and_bounded() {
+        // Not while the console-socket test relies on the pid it noted.
+        let _g = crate::sys::test_children_lock();
+        note_runtime(-7);
+        assert!(started_by_runtime(-7), "an exited runtime is still recognised");
+        assert!(
+            !started_by_runtime(std::process::id() as i32),
+            "the daemon is not a runtime"
+        );
+        for i in 0..REMEMBERED_RUNTIMES as i32 {
+            note_runtime(-100 - i);
+        }
+        assert!(!started_by_runtime(-7), "the oldest one was forgotten");
+    }
+
+    #[test]
+    fn gauge_bounds_and_counts() {
+        let g = Gauge::default();
+        for _ in 0..MAX_CONNECTIONS {
+            assert!(g.open());
+        }
+        assert!(!g.open(), "one past the limit is refused");
+        assert_eq!(g.live.load(Ordering::SeqCst), MAX_CONNECTIONS);
+        for _ in 0..MAX_CONNECTIONS {
+            g.close();
+        }
+        assert_eq!(g.live.load(Ordering::SeqCst), 0);
+        assert!(
+            g.peak.load(Ordering::SeqCst) < TRIM_AFTER,
+            "the burst was trimmed and forgotten"
+        );
+    }
+
+    #[tokio::test]
+    async fn same_user_peers_are_served() {
+        use futures_core::Stream;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sock");
+        let listener = SameUserListener::new(UnixListener::bind(&path).unwrap(), crate::logging::discard());
+        let _client = UnixStream::connect(&path).await.unwrap();
+        let mut listener = Box::pin(listener);
+        let conn = std::future::poll_fn(|cx| listener.as_mut().poll_next(cx)).await;
+        let conn = conn.unwrap().unwrap();
+        assert_eq!(listener.live(), 1);
+        drop(conn);
+        assert_eq!(listener.live(), 0);
+    }
+}
