@@ -10,13 +10,14 @@ use crate::common::{assert_clean, env, text, Ns};
 
 const UVM_MAJOR: u32 = 235;
 
-struct GpuHost {
-    ns: Ns,
+pub(crate) struct GpuHost {
+    pub(crate) ns: Ns,
     marker: PathBuf,
     cdi_dir: PathBuf,
 }
 
-fn gpu_host(name: &str) -> GpuHost {
+/// A namespace whose gantry config sees two fake GPUs (nodes, CDI spec, hook, library).
+pub(crate) fn gpu_host(name: &str) -> GpuHost {
     let env = env();
     // The namespace dir is made first so the fake host can live inside it.
     let probe = env.namespace(name);

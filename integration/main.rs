@@ -10,3 +10,4 @@ mod gpu;
 mod install;
 mod stats_oom;
 mod task_api;
+mod trust;

@@ -456,24 +456,7 @@ pub fn crio_bundle(
 /// cwd = the bundle. Returns the command output (stdout should be the address).
 pub fn crio_start(ns: &Ns, bundle: &Path, id: &str, stdin: &[u8]) -> Output {
     use std::io::Write;
-    let mut child = Command::new(SHIM)
-        .args([
-            "-namespace",
-            "default",
-            "-address",
-            "",
-            "-publish-binary",
-            "/usr/bin/crio",
-            "-id",
-            id,
-            "start",
-        ])
-        .current_dir(bundle)
-        .env("TTRPC_ADDRESS", "")
-        .env("GRPC_ADDRESS", "")
-        .env("NAMESPACE", "default")
-        .env("MAX_SHIM_VERSION", "2")
-        .env("GANTRY_CONFIG", &ns.config)
+    let mut child = crio_start_cmd(ns, bundle, id)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -483,6 +466,46 @@ pub fn crio_start(ns: &Ns, bundle: &Path, id: &str, stdin: &[u8]) -> Output {
     input.write_all(stdin).unwrap();
     drop(input);
     child.wait_with_output().unwrap()
+}
+
+/// The command [`crio_start`] runs, for tests that change how it is started.
+pub fn crio_start_cmd(ns: &Ns, bundle: &Path, id: &str) -> Command {
+    let mut cmd = Command::new(SHIM);
+    cmd.args([
+        "-namespace",
+        "default",
+        "-address",
+        "",
+        "-publish-binary",
+        "/usr/bin/crio",
+        "-id",
+        id,
+        "start",
+    ])
+    .current_dir(bundle)
+    .env("TTRPC_ADDRESS", "")
+    .env("GRPC_ADDRESS", "")
+    .env("NAMESPACE", "default")
+    .env("MAX_SHIM_VERSION", "2")
+    .env("GANTRY_CONFIG", &ns.config);
+    cmd
+}
+
+/// Pids of gantry daemons whose working directory is `bundle` (CRI-O-style daemons all serve
+/// namespace "default", so the bundle is what tells them apart).
+pub fn daemons_in(bundle: &Path) -> Vec<i32> {
+    let want = bundle.canonicalize().unwrap_or_else(|_| bundle.to_path_buf());
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let exe = std::fs::read_link(e.path().join("exe")).ok()?;
+            let cwd = std::fs::read_link(e.path().join("cwd")).ok()?;
+            (exe.to_string_lossy().contains("containerd-shim-gantry-v2") && cwd == want).then_some(pid)
+        })
+        .collect()
 }
 
 /// A ttrpc Task client on a daemon's address.
