@@ -8,5 +8,6 @@ mod cri;
 mod crio;
 mod gpu;
 mod install;
+mod lifecycle;
 mod stats_oom;
 mod task_api;

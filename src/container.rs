@@ -694,6 +694,7 @@ pub fn runtime_for(
         bundle.join(RUNTIME_LOG),
         reaper,
     )
+    .with_timeouts(config.runtime.timeouts)
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ use crate::events::{task_io, ts_field, Event, Publisher};
 use crate::io::{IoError, StdioPaths};
 use crate::process::{ExitInfo, Status};
 use crate::reaper::Reaper;
+use crate::runtime::RuntimeError;
 
 /// Maps an error to the ttrpc status clients act on (NOT_FOUND, ALREADY_EXISTS, ...).
 pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
@@ -41,6 +42,7 @@ pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
         TaskError::Precondition(_) | TaskError::State(_) => Code::FAILED_PRECONDITION,
         TaskError::Unimplemented(_) => Code::UNIMPLEMENTED,
         TaskError::Runtime(r) if r.is_not_found() => Code::NOT_FOUND,
+        TaskError::Runtime(RuntimeError::Timeout { .. }) => Code::DEADLINE_EXCEEDED,
         TaskError::Runtime(_) => Code::UNKNOWN,
         TaskError::Io(_) | TaskError::Mount(_) | TaskError::Cgroup(_) | TaskError::Internal(_) => Code::INTERNAL,
     };
