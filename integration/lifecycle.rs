@@ -40,6 +40,43 @@ fn processes_with(needle: &str) -> Vec<String> {
     found
 }
 
+/// A Create whose client deadline (1 ms) passes while runc is still creating: ttrpc drops the
+/// handler, the create still runs to its end, and CRI-O's answer (Delete, Shutdown) leaves
+/// nothing behind and ends the daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_cancelled_by_a_client_deadline_leaves_nothing() {
+    let env = env();
+    let ns = env.namespace("cancel");
+    let b = crio_bundle(&ns, "cx1", "cx1", &["sleep", "1000"], |_| {});
+    let o = crio_start(&ns, &b.dir, "cx1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let daemon = daemon_pid(&b.dir);
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+
+    let short = ttrpc::context::with_timeout(Duration::from_millis(1).as_nanos() as i64);
+    let e = client.create(short, &crio_create_req(&b)).await.unwrap_err();
+    if let ttrpc::Error::RpcStatus(_) = e {
+        assert_eq!(code(&e), ttrpc::Code::DEADLINE_EXCEEDED, "{}", message(&e));
+    }
+    let delete = DeleteRequest {
+        id: "cx1".into(),
+        ..Default::default()
+    };
+    match client.delete(ctx(), &delete).await {
+        Ok(d) => assert_eq!(d.exit_status, 137),
+        Err(e) => assert_eq!(code(&e), ttrpc::Code::NOT_FOUND, "{}", message(&e)),
+    }
+    let shutdown = ShutdownRequest {
+        id: "cx1".into(),
+        ..Default::default()
+    };
+    client.shutdown(ctx(), &shutdown).await.unwrap();
+    let gone = wait_until(Duration::from_secs(10), || !alive(daemon));
+    assert!(gone, "daemon {daemon} still running after Delete and Shutdown");
+    assert_clean(env, &ns);
+}
+
 /// A runtime that hangs in `create` (a wrapper around runc, as the configured binary): Create
 /// fails with DEADLINE_EXCEEDED after the configured 2 s, the wrapper and its children are
 /// killed, and the daemon serves another container of the pod meanwhile.

@@ -10,6 +10,7 @@ pub mod container;
 pub mod daemon;
 pub mod devices;
 pub mod events;
+pub mod inflight;
 pub mod io;
 pub mod logging;
 pub mod mount;
