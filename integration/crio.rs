@@ -384,3 +384,81 @@ async fn values_newer_than_the_spec_model_reach_the_runtime() {
     crate::common::crio_kill_and_remove(&client, "nc1").await;
     assert_clean(env, &ns);
 }
+
+/// CRI-O's `crictl exec -it`: the request asks for a terminal while the process spec (a copy of
+/// the container's) says `terminal: false`. The request wins, as in the runc shim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_with_terminal_from_the_request() {
+    use containerd_shim_protos::api::{DeleteRequest, ExecProcessRequest};
+    use protobuf::well_known_types::any::Any;
+    let env = env();
+    let ns = env.namespace("crio-exec-tty");
+    let b = crio_bundle(&ns, "et1", "et1", &["sleep", "1000"], |_| {});
+    let o = crio_start(&ns, &b.dir, "et1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+    client.create(ctx(), &crate::common::crio_create_req(&b)).await.unwrap();
+    let start = StartRequest {
+        id: "et1".into(),
+        ..Default::default()
+    };
+    client.start(ctx(), &start).await.unwrap();
+
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(b.dir.join("config.json")).unwrap()).unwrap();
+    let mut process = spec["process"].clone();
+    assert_eq!(process["terminal"], false);
+    process["args"] = serde_json::json!(["sh", "-c", "tty; echo ok"]);
+    let exec_out = b.dir.join("exec-stdout");
+    nix::unistd::mkfifo(&exec_out, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let mut out = open_fifo_reader(&exec_out);
+    let exec = ExecProcessRequest {
+        id: "et1".into(),
+        exec_id: "tty-exec".into(),
+        terminal: true,
+        stdout: exec_out.to_str().unwrap().into(),
+        spec: protobuf::MessageField::some(Any {
+            type_url: "types.containerd.io/opencontainers/runtime-spec/1/Process".into(),
+            value: serde_json::to_vec(&process).unwrap(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    client.exec(ctx(), &exec).await.unwrap();
+    let exec_start = StartRequest {
+        id: "et1".into(),
+        exec_id: "tty-exec".into(),
+        ..Default::default()
+    };
+    client.start(ctx(), &exec_start).await.unwrap();
+    let exec_wait = WaitRequest {
+        id: "et1".into(),
+        exec_id: "tty-exec".into(),
+        ..Default::default()
+    };
+    assert_eq!(client.wait(ctx(), &exec_wait).await.unwrap().exit_status, 0);
+    let text = read_fifo(&mut out, Duration::from_secs(5));
+    assert!(text.contains("/dev/pts/"), "{text:?}");
+    assert!(text.contains("ok"), "{text:?}");
+    let st = client
+        .state(
+            ctx(),
+            &StateRequest {
+                id: "et1".into(),
+                exec_id: "tty-exec".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(st.terminal);
+    let exec_delete = DeleteRequest {
+        id: "et1".into(),
+        exec_id: "tty-exec".into(),
+        ..Default::default()
+    };
+    client.delete(ctx(), &exec_delete).await.unwrap();
+    std::fs::remove_file(&exec_out).unwrap();
+    crate::common::crio_kill_and_remove(&client, "et1").await;
+    assert_clean(env, &ns);
+}

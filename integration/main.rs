@@ -8,6 +8,7 @@ mod cri;
 mod crio;
 mod gpu;
 mod install;
+mod lifecycle;
 mod stats_oom;
 mod task_api;
 mod trust;

@@ -48,6 +48,8 @@ pub struct RuntimeConfig {
     pub root: PathBuf,
     /// Let the OCI runtime manage cgroups through systemd.
     pub systemd_cgroup: bool,
+    /// Seconds each runtime call may take before it is killed.
+    pub timeouts: RuntimeTimeouts,
 }
 
 impl Default for RuntimeConfig {
@@ -56,7 +58,72 @@ impl Default for RuntimeConfig {
             binary: "runc".into(),
             root: PathBuf::from("/run/gantry/runtime"),
             systemd_cgroup: false,
+            timeouts: RuntimeTimeouts::default(),
         }
+    }
+}
+
+/// Seconds an OCI runtime invocation may run before gantry kills it (its whole process group)
+/// and fails the request with DEADLINE_EXCEEDED. A hung `runc` would otherwise hold the request,
+/// and whatever waits on it, forever. The defaults sit above the engines' own deadlines (CRI-O
+/// gives Create 240 s; kubelet's runtime request timeout is 2 min), so a slow runtime is left
+/// to the engine's judgement first.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeTimeouts {
+    pub create: u64,
+    pub start: u64,
+    pub exec: u64,
+    pub kill: u64,
+    pub delete: u64,
+    /// `checkpoint` (CRIU dumps of large containers take long).
+    pub checkpoint: u64,
+    /// Every other call: state, ps, pause, resume, update, features.
+    pub default: u64,
+}
+
+impl Default for RuntimeTimeouts {
+    fn default() -> Self {
+        Self {
+            create: 250,
+            start: 130,
+            exec: 130,
+            kill: 130,
+            delete: 130,
+            checkpoint: 600,
+            default: 130,
+        }
+    }
+}
+
+/// Longest accepted timeout (a day): more is a typo, not a deadline.
+const MAX_TIMEOUT_SECS: u64 = 86_400;
+
+impl RuntimeTimeouts {
+    /// The limit for one runtime command (`create`, `start`, ...).
+    pub fn for_command(&self, command: &str) -> std::time::Duration {
+        let secs = match command {
+            "create" => self.create,
+            "start" => self.start,
+            "exec" => self.exec,
+            "kill" => self.kill,
+            "delete" => self.delete,
+            "checkpoint" => self.checkpoint,
+            _ => self.default,
+        };
+        std::time::Duration::from_secs(secs)
+    }
+
+    fn entries(&self) -> [(&'static str, u64); 7] {
+        [
+            ("create", self.create),
+            ("start", self.start),
+            ("exec", self.exec),
+            ("kill", self.kill),
+            ("delete", self.delete),
+            ("checkpoint", self.checkpoint),
+            ("default", self.default),
+        ]
     }
 }
 
@@ -110,6 +177,12 @@ impl Config {
         if !matches!(self.shim.log_level.as_str(), "debug" | "info" | "warn" | "error") {
             let msg = format!("unknown level {:?} (debug, info, warn, error)", self.shim.log_level);
             return Err(Config::invalid(path, find("log_level"), "shim.log_level".into(), msg));
+        }
+        for (key, secs) in self.runtime.timeouts.entries() {
+            if secs == 0 || secs > MAX_TIMEOUT_SECS {
+                let msg = format!("must be between 1 and {MAX_TIMEOUT_SECS} seconds, not {secs}");
+                return Err(Config::invalid(path, find(key), format!("runtime.timeouts.{key}"), msg));
+            }
         }
         if !self.shim.socket_dir.is_absolute() {
             let msg = "must be an absolute path".to_string();
@@ -199,6 +272,22 @@ mod tests {
 
         let e = Config::parse(Path::new("f"), "[shim]\nlog_level = \"loud\"\n").unwrap_err();
         assert!(e.to_string().contains("shim.log_level"), "{e}");
+    }
+
+    #[test]
+    fn runtime_timeouts_are_read_and_checked() {
+        let text = "[runtime.timeouts]\ncreate = 2\ndefault = 7\n";
+        let c = Config::parse(Path::new("f"), text).unwrap();
+        let t = c.runtime.timeouts;
+        assert_eq!(t.for_command("create"), std::time::Duration::from_secs(2));
+        assert_eq!(t.for_command("pause"), std::time::Duration::from_secs(7));
+        assert_eq!(t.for_command("kill"), std::time::Duration::from_secs(130));
+
+        let e = Config::parse(Path::new("f"), "[runtime.timeouts]\nkill = 0\n").unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("runtime.timeouts.kill") && e.contains("line 2"), "{e}");
+        let e = Config::parse(Path::new("f"), "[runtime.timeouts]\nrun = 5\n").unwrap_err();
+        assert!(e.to_string().contains("run"), "{e}");
     }
 
     #[test]

@@ -374,9 +374,9 @@ impl Container {
                 self.id
             )));
         }
+        let json = exec_process_json(exec_id, &spec.value, stdio.terminal)?;
         let p = Arc::new(Process::new(exec_id, stdio, Arc::default()));
-        // Keep the raw spec for Start.
-        files::write_atomic(&self.exec_spec_path(exec_id), &spec.value)
+        files::write_atomic(&self.exec_spec_path(exec_id), &json)
             .map_err(|e| TaskError::Internal(format!("write exec spec: {e}")))?;
         execs.insert(exec_id.to_string(), p);
         Ok(())
@@ -628,6 +628,20 @@ impl Container {
     }
 }
 
+/// The exec's process JSON as the runtime gets it: the request's `terminal` wins over the
+/// spec's, as in the runc shim (CRI-O copies the container's process, `terminal: false`, and asks
+/// for a tty in the request; runc refuses a console socket for a non-terminal process). Every
+/// other field, modelled or not, is kept as sent.
+fn exec_process_json(exec_id: &str, raw: &[u8], terminal: bool) -> Result<Vec<u8>, TaskError> {
+    let mut value: serde_json::Value =
+        serde_json::from_slice(raw).map_err(|e| invalid(format!("exec {exec_id:?} process spec: {e}")))?;
+    let Some(process) = value.as_object_mut() else {
+        return Err(invalid(format!("exec {exec_id:?} process spec is not a JSON object")));
+    };
+    process.insert("terminal".into(), terminal.into());
+    serde_json::to_vec(&value).map_err(|e| TaskError::Internal(format!("exec {exec_id:?} process spec: {e}")))
+}
+
 async fn futures_wait_all(ps: &[Arc<Process>]) {
     for p in ps {
         p.wait().await;
@@ -724,4 +738,26 @@ pub fn runtime_for(
         bundle.join(RUNTIME_LOG),
         reaper,
     )
+    .with_timeouts(config.runtime.timeouts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_terminal_comes_from_the_request_and_unknown_fields_stay() {
+        let raw = br#"{"terminal":false,"args":["sh"],"cwd":"/","vendorThing":{"x":1}}"#;
+        let out: serde_json::Value = serde_json::from_slice(&exec_process_json("e", raw, true).unwrap()).unwrap();
+        assert_eq!(out["terminal"], true);
+        assert_eq!(out["vendorThing"]["x"], 1);
+        assert_eq!(out["args"][0], "sh");
+        let raw = br#"{"terminal":true,"args":["sh"],"cwd":"/"}"#;
+        let out: serde_json::Value = serde_json::from_slice(&exec_process_json("e", raw, false).unwrap()).unwrap();
+        assert_eq!(out["terminal"], false);
+        assert!(matches!(
+            exec_process_json("e", b"[1]", true),
+            Err(TaskError::InvalidArgument(_))
+        ));
+    }
 }

@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod devices;
 pub mod events;
 pub mod files;
+pub mod inflight;
 pub mod io;
 pub mod logging;
 pub mod mount;

@@ -9,12 +9,14 @@ use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde::Deserialize;
 use thiserror::Error;
 use tokio::io::AsyncReadExt;
 
-use crate::reaper::Reaper;
+use crate::config::RuntimeTimeouts;
+use crate::reaper::{Exit, Reaper};
 
 #[derive(Debug, Error)]
 pub enum RuntimeError {
@@ -36,6 +38,13 @@ pub enum RuntimeError {
     },
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// The call ran past its configured limit; it and everything it started were killed.
+    #[error("{binary} {command} did not finish within {}s and was killed", after.as_secs())]
+    Timeout {
+        binary: String,
+        command: String,
+        after: Duration,
+    },
 }
 
 impl RuntimeError {
@@ -82,6 +91,8 @@ pub struct OciRuntime {
     /// JSON log the runtime writes errors into (`--log`), kept inside the bundle.
     pub log: PathBuf,
     reaper: Reaper,
+    /// Per-command limits; past one, the call's process group is killed.
+    timeouts: RuntimeTimeouts,
 }
 
 /// Part of `runc state` output the shim uses.
@@ -117,7 +128,14 @@ impl OciRuntime {
             systemd_cgroup,
             log,
             reaper,
+            timeouts: RuntimeTimeouts::default(),
         }
+    }
+
+    /// Uses `timeouts` (the config's `[runtime.timeouts]`) instead of the defaults.
+    pub fn with_timeouts(mut self, timeouts: RuntimeTimeouts) -> Self {
+        self.timeouts = timeouts;
+        self
     }
 
     fn command(&self, args: &[OsString]) -> Command {
@@ -129,6 +147,8 @@ impl OciRuntime {
             cmd.arg("--systemd-cgroup");
         }
         cmd.args(args);
+        // Its own process group: on a timeout the runtime and all it forked die together.
+        cmd.process_group(0);
         cmd
     }
 
@@ -158,12 +178,18 @@ impl OciRuntime {
             source,
         })?;
         // Subscribe before the first await so the reaper cannot hand the exit to nobody.
-        let exited = self.reaper.subscribe(child.id() as i32);
-        crate::peer::note_runtime(child.id() as i32);
+        let pid = child.id() as i32;
+        let mut exited = self.reaper.subscribe(pid);
+        crate::peer::note_runtime(pid);
         let (mut out, mut err) = (Vec::new(), Vec::new());
-        if capture {
+        let (stdout, stderr) = if capture {
             let stdout = child.stdout.take().map(pipe_reader).transpose()?;
-            let stderr = child.stderr.take().map(pipe_reader).transpose()?;
+            (stdout, child.stderr.take().map(pipe_reader).transpose()?)
+        } else {
+            (None, None)
+        };
+        let after = self.timeouts.for_command(&command);
+        let finished = tokio::time::timeout(after, async {
             let read_out = async {
                 if let Some(mut r) = stdout {
                     let _ = r.read_to_end(&mut out).await;
@@ -175,11 +201,14 @@ impl OciRuntime {
                 }
             };
             tokio::join!(read_out, read_err);
-        }
+            (&mut exited).await
+        })
+        .await;
         drop(cmd);
-        let exit = exited
-            .await
-            .map_err(|_| std::io::Error::other(format!("{} {command}: exit status lost", self.binary)))?;
+        let Ok(exit) = finished else {
+            return Err(self.kill_timed_out(pid, command, after, exited).await);
+        };
+        let exit = exit.map_err(|_| std::io::Error::other(format!("{} {command}: exit status lost", self.binary)))?;
         if exit.status == 0 {
             return Ok(out);
         }
@@ -193,6 +222,25 @@ impl OciRuntime {
             message,
             not_found,
         })
+    }
+
+    /// Kills the process group of a call that ran out of time and waits (bounded) for the
+    /// reaper to collect its leader.
+    async fn kill_timed_out(
+        &self,
+        pid: i32,
+        command: String,
+        after: Duration,
+        exited: tokio::sync::oneshot::Receiver<Exit>,
+    ) -> RuntimeError {
+        use nix::sys::signal::{killpg, Signal};
+        let _ = killpg(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        let _ = tokio::time::timeout(Duration::from_secs(5), exited).await;
+        RuntimeError::Timeout {
+            binary: self.binary.clone(),
+            command,
+            after,
+        }
     }
 
     pub async fn create(&self, id: &str, bundle: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError> {
@@ -392,6 +440,91 @@ mod tests {
         assert_eq!(look_path("missing", Some(&path)), PathBuf::from("missing"));
         assert_eq!(look_path("./rt", Some(&path)), PathBuf::from("./rt"));
         assert_eq!(look_path("/usr/bin/rt", None), PathBuf::from("/usr/bin/rt"));
+    }
+
+    fn script(dir: &Path, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("fake-runtime");
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn fake_runtime(dir: &Path, body: &str, reaper: Reaper) -> OciRuntime {
+        let path = script(dir, body);
+        OciRuntime::new(
+            path.to_str().unwrap(),
+            dir.join("root"),
+            false,
+            dir.join("log.json"),
+            reaper,
+        )
+    }
+
+    /// Alive and not a zombie (an orphan's zombie may wait for a pid 1 that does not reap).
+    fn running(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.rsplit(')').next().and_then(|r| r.split_whitespace().next()) != Some("Z"))
+            .unwrap_or(false)
+    }
+
+    // The std lock keeps other tests' children out of this reaper's waitpid(-1) while it runs.
+    #[allow(clippy::await_holding_lock)]
+    #[tokio::test(start_paused = true)]
+    async fn create_uses_its_own_limit_on_the_paused_clock() {
+        let _children = crate::sys::test_children_lock();
+        let dir = tempfile::tempdir().unwrap();
+        let reaper = Reaper::default();
+        reaper.start().unwrap();
+        let rt = fake_runtime(dir.path(), "exec sleep 1000", reaper);
+        let (t0, wall) = (tokio::time::Instant::now(), std::time::Instant::now());
+        let spawn = Spawn {
+            pid_file: &dir.path().join("pid"),
+            console_socket: None,
+            stdio: ProcessStdio::default(),
+        };
+        let e = rt.create("c1", dir.path(), spawn).await.unwrap_err();
+        let want = RuntimeTimeouts::default().for_command("create");
+        assert!(
+            matches!(&e, RuntimeError::Timeout { command, after, .. } if command == "create" && *after == want),
+            "{e}"
+        );
+        assert!(t0.elapsed() >= want);
+        assert!(wall.elapsed() < Duration::from_secs(10));
+    }
+
+    // The std lock keeps other tests' children out of this reaper's waitpid(-1) while it runs.
+    #[allow(clippy::await_holding_lock)]
+    #[tokio::test]
+    async fn a_hung_call_is_killed_with_its_process_group() {
+        let _children = crate::sys::test_children_lock();
+        let dir = tempfile::tempdir().unwrap();
+        let reaper = Reaper::default();
+        reaper.start().unwrap();
+        let marker = dir.path().join("grandchild");
+        let body = format!("sleep 1000 &\necho $! > {}\nwait", marker.display());
+        let rt = fake_runtime(dir.path(), &body, reaper).with_timeouts(RuntimeTimeouts {
+            kill: 1,
+            ..Default::default()
+        });
+        let started = std::time::Instant::now();
+        let e = rt.kill("c1", 15, false).await.unwrap_err();
+        assert!(
+            matches!(&e, RuntimeError::Timeout { command, after, .. } if command == "kill" && after.as_secs() == 1),
+            "{e}"
+        );
+        assert!(e.to_string().contains("kill did not finish within 1s"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(8));
+        let grandchild: i32 = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
+        let mut gone = false;
+        for _ in 0..100 {
+            if !running(grandchild) {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(gone, "the runtime's child {grandchild} survived the timeout");
     }
 
     #[test]

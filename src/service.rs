@@ -2,7 +2,8 @@
 //! are thin; the work happens in [`crate::container`]. Errors become ttrpc codes here and
 //! only here.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -26,9 +27,11 @@ use ttrpc::r#async::TtrpcContext;
 
 use crate::container::{Container, CreateParams, TaskError};
 use crate::events::{task_io, ts_field, Event, Publisher};
+use crate::inflight::InFlight;
 use crate::io::{IoError, StdioPaths};
 use crate::process::{ExitInfo, Status};
 use crate::reaper::Reaper;
+use crate::runtime::RuntimeError;
 
 /// Maps an error to the ttrpc status clients act on (NOT_FOUND, ALREADY_EXISTS, ...).
 pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
@@ -41,6 +44,7 @@ pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
         TaskError::Precondition(_) | TaskError::State(_) => Code::FAILED_PRECONDITION,
         TaskError::Unimplemented(_) => Code::UNIMPLEMENTED,
         TaskError::Runtime(r) if r.is_not_found() => Code::NOT_FOUND,
+        TaskError::Runtime(RuntimeError::Timeout { .. }) => Code::DEADLINE_EXCEEDED,
         TaskError::Runtime(_) => Code::UNKNOWN,
         TaskError::Io(_) | TaskError::Mount(_) | TaskError::Cgroup(_) | TaskError::Internal(_) => Code::INTERNAL,
     };
@@ -60,7 +64,7 @@ fn api_status(s: Status) -> ApiStatus {
 pub struct TaskService {
     containers: Mutex<HashMap<String, Arc<Container>>>,
     /// Ids whose Create is in flight (a duplicate must fail at once, not race).
-    creating: Mutex<HashSet<String>>,
+    creating: InFlight,
     publisher: Publisher,
     reaper: Reaper,
     namespace: String,
@@ -76,7 +80,7 @@ impl TaskService {
     pub fn new(publisher: Publisher, reaper: Reaper, namespace: &str, console_dir: PathBuf, log: Logger) -> Self {
         Self {
             containers: Mutex::default(),
-            creating: Mutex::default(),
+            creating: InFlight::default(),
             publisher,
             reaper,
             namespace: namespace.to_string(),
@@ -90,10 +94,6 @@ impl TaskService {
         self.containers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn creating(&self) -> MutexGuard<'_, HashSet<String>> {
-        self.creating.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn get(&self, id: &str) -> Result<Arc<Container>, TaskError> {
         self.containers()
             .get(id)
@@ -103,7 +103,7 @@ impl TaskService {
 
     /// True when the daemon holds nothing and may exit.
     pub fn is_empty(&self) -> bool {
-        self.containers().is_empty() && self.creating().is_empty()
+        self.containers().is_empty() && self.creating.is_empty()
     }
 
     fn fail(&self, rpc: &str, id: &str, e: TaskError) -> ttrpc::Error {
@@ -119,12 +119,12 @@ impl TaskService {
                 req.checkpoint
             )));
         }
-        {
-            let mut creating = self.creating();
-            if self.containers().contains_key(&id) || !creating.insert(id.clone()) {
-                return Err(TaskError::AlreadyExists(format!("container {id:?}")));
-            }
-        }
+        // Cleared however this ends, a cancelled request included.
+        let in_use = || self.containers().contains_key(&id);
+        let _in_flight = self
+            .creating
+            .begin(&id, in_use)
+            .ok_or_else(|| TaskError::AlreadyExists(format!("container {id:?}")))?;
         let params = CreateParams {
             id: id.clone(),
             bundle: PathBuf::from(&req.bundle),
@@ -139,17 +139,9 @@ impl TaskService {
             namespace: self.namespace.clone(),
             console_dir: self.console_dir.clone(),
         };
-        let created = Container::create(params, self.reaper.clone(), &self.log).await;
-        let container = match created {
-            Ok(c) => c,
-            Err(e) => {
-                self.creating().remove(&id);
-                return Err(e);
-            }
-        };
+        let container = Container::create(params, self.reaper.clone(), &self.log).await?;
         let pid = container.init.pid();
         self.containers().insert(id.clone(), container.clone());
-        self.creating().remove(&id);
         self.publisher.publish(Event::Create(TaskCreate {
             container_id: id.clone(),
             bundle: req.bundle.clone(),
@@ -260,6 +252,9 @@ impl TaskService {
     }
 
     async fn do_delete(&self, req: DeleteRequest) -> Result<DeleteResponse, TaskError> {
+        // CRI-O answers a Create that missed its deadline with Delete: it must find what that
+        // Create, still running, leaves.
+        self.creating.settled(&req.id).await;
         let c = self.get(&req.id)?;
         let exit = if req.exec_id.is_empty() {
             let exit = c.delete().await?;
@@ -330,6 +325,41 @@ impl TaskService {
     }
 }
 
+impl TaskService {
+    async fn do_checkpoint(&self, req: CheckpointTaskRequest) -> Result<Empty, TaskError> {
+        let c = self.get(&req.id)?;
+        let opts = req
+            .options
+            .as_ref()
+            .and_then(|a| {
+                protobuf::Message::parse_from_bytes(&a.value)
+                    .ok()
+                    .map(|o: containerd_shim_protos::shim::oci::CheckpointOptions| o)
+            })
+            .unwrap_or_default();
+        let image = if opts.image_path.is_empty() {
+            req.path.clone()
+        } else {
+            opts.image_path.clone()
+        };
+        if image.is_empty() {
+            return Err(TaskError::InvalidArgument("checkpoint: no image path".into()));
+        }
+        let work = if opts.work_path.is_empty() {
+            c.bundle.join("criu-work")
+        } else {
+            PathBuf::from(&opts.work_path)
+        };
+        c.checkpoint(std::path::Path::new(&image), &work, opts.exit).await?;
+        self.publisher.publish(Event::Checkpointed(TaskCheckpointed {
+            container_id: c.id.clone(),
+            checkpoint: image,
+            ..Default::default()
+        }));
+        Ok(Empty::new())
+    }
+}
+
 fn publish_ooms(publisher: &Publisher, c: &Container) {
     for _ in 0..c.take_new_ooms() {
         publisher.publish(Event::Oom(TaskOOM {
@@ -354,25 +384,58 @@ fn exit_event(container_id: &str, id: &str, info: ExitInfo) -> Event {
 #[derive(Clone)]
 pub struct Service(pub Arc<TaskService>);
 
+impl Service {
+    /// Runs a mutating request as a task of its own and awaits it. ttrpc drops the handler when
+    /// the client's deadline passes; the spawned task still runs to its end, so no request stops
+    /// half-done (a runtime call without its cleanup, a container created but never recorded).
+    async fn detached<T, F>(
+        &self,
+        rpc: &'static str,
+        id: String,
+        work: impl FnOnce(Arc<TaskService>) -> F,
+    ) -> TResult<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, TaskError>> + Send + 'static,
+    {
+        let svc = self.0.clone();
+        let log_id = id.clone();
+        let work = work(self.0.clone());
+        let task = tokio::spawn(async move {
+            let result = work.await;
+            // Logged here, so a failure is on record even when the client has gone.
+            result.map_err(|e| svc.fail(rpc, &log_id, e))
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) => Err(self
+                .0
+                .fail(rpc, &id, TaskError::Internal(format!("{rpc} did not finish: {e}")))),
+        }
+    }
+}
+
 #[async_trait]
 impl Task for Service {
     async fn create(&self, _: &TtrpcContext, req: CreateTaskRequest) -> TResult<CreateTaskResponse> {
+        info!(self.0.log, "create"; "id" => &req.id, "bundle" => &req.bundle, "terminal" => req.terminal);
         let id = req.id.clone();
-        info!(self.0.log, "create"; "id" => &id, "bundle" => &req.bundle, "terminal" => req.terminal);
-        self.0.do_create(req).await.map_err(|e| self.0.fail("create", &id, e))
+        self.detached("create", id, |s| async move { s.do_create(req).await })
+            .await
     }
 
     async fn start(&self, _: &TtrpcContext, req: StartRequest) -> TResult<StartResponse> {
+        debug!(self.0.log, "start"; "id" => &req.id, "exec_id" => &req.exec_id);
         let id = req.id.clone();
-        let exec = req.exec_id.clone();
-        debug!(self.0.log, "start"; "id" => &id, "exec_id" => &exec);
-        self.0.do_start(req).await.map_err(|e| self.0.fail("start", &id, e))
+        self.detached("start", id, |s| async move { s.do_start(req).await })
+            .await
     }
 
     async fn delete(&self, _: &TtrpcContext, req: DeleteRequest) -> TResult<DeleteResponse> {
+        debug!(self.0.log, "delete"; "id" => &req.id, "exec_id" => &req.exec_id);
         let id = req.id.clone();
-        debug!(self.0.log, "delete"; "id" => &id, "exec_id" => &req.exec_id);
-        self.0.do_delete(req).await.map_err(|e| self.0.fail("delete", &id, e))
+        self.detached("delete", id, |s| async move { s.do_delete(req).await })
+            .await
     }
 
     async fn state(&self, _: &TtrpcContext, req: StateRequest) -> TResult<StateResponse> {
@@ -395,17 +458,20 @@ impl Task for Service {
 
     async fn kill(&self, _: &TtrpcContext, req: KillRequest) -> TResult<Empty> {
         debug!(self.0.log, "kill"; "id" => &req.id, "exec_id" => &req.exec_id, "signal" => req.signal, "all" => req.all);
-        let c = self.0.get(&req.id).map_err(|e| self.0.fail("kill", &req.id, e))?;
-        c.kill(&req.exec_id, req.signal, req.all)
-            .await
-            .map_err(|e| self.0.fail("kill", &req.id, e))?;
-        Ok(Empty::new())
+        let id = req.id.clone();
+        self.detached("kill", id, |s| async move {
+            let c = s.get(&req.id)?;
+            c.kill(&req.exec_id, req.signal, req.all).await?;
+            Ok(Empty::new())
+        })
+        .await
     }
 
     async fn exec(&self, _: &TtrpcContext, req: ExecProcessRequest) -> TResult<Empty> {
         debug!(self.0.log, "exec"; "id" => &req.id, "exec_id" => &req.exec_id);
-        self.0.do_exec(&req).map_err(|e| self.0.fail("exec", &req.id, e))?;
-        Ok(Empty::new())
+        let id = req.id.clone();
+        self.detached("exec", id, |s| async move { s.do_exec(&req).map(|_| Empty::new()) })
+            .await
     }
 
     async fn pids(&self, _: &TtrpcContext, req: PidsRequest) -> TResult<PidsResponse> {
@@ -452,35 +518,45 @@ impl Task for Service {
     }
 
     async fn pause(&self, _: &TtrpcContext, req: PauseRequest) -> TResult<Empty> {
-        let c = self.0.get(&req.id).map_err(|e| self.0.fail("pause", &req.id, e))?;
-        c.pause().await.map_err(|e| self.0.fail("pause", &req.id, e))?;
-        self.0.publisher.publish(Event::Paused(TaskPaused {
-            container_id: c.id.clone(),
-            ..Default::default()
-        }));
-        Ok(Empty::new())
+        let id = req.id.clone();
+        self.detached("pause", id, |s| async move {
+            let c = s.get(&req.id)?;
+            c.pause().await?;
+            s.publisher.publish(Event::Paused(TaskPaused {
+                container_id: c.id.clone(),
+                ..Default::default()
+            }));
+            Ok(Empty::new())
+        })
+        .await
     }
 
     async fn resume(&self, _: &TtrpcContext, req: ResumeRequest) -> TResult<Empty> {
-        let c = self.0.get(&req.id).map_err(|e| self.0.fail("resume", &req.id, e))?;
-        c.resume().await.map_err(|e| self.0.fail("resume", &req.id, e))?;
-        self.0.publisher.publish(Event::Resumed(TaskResumed {
-            container_id: c.id.clone(),
-            ..Default::default()
-        }));
-        Ok(Empty::new())
+        let id = req.id.clone();
+        self.detached("resume", id, |s| async move {
+            let c = s.get(&req.id)?;
+            c.resume().await?;
+            s.publisher.publish(Event::Resumed(TaskResumed {
+                container_id: c.id.clone(),
+                ..Default::default()
+            }));
+            Ok(Empty::new())
+        })
+        .await
     }
 
     async fn update(&self, _: &TtrpcContext, req: UpdateTaskRequest) -> TResult<Empty> {
-        let c = self.0.get(&req.id).map_err(|e| self.0.fail("update", &req.id, e))?;
-        let Some(resources) = req.resources.as_ref() else {
-            let e = TaskError::InvalidArgument("update: no resources".into());
-            return Err(self.0.fail("update", &req.id, e));
-        };
-        c.update(resources)
-            .await
-            .map_err(|e| self.0.fail("update", &req.id, e))?;
-        Ok(Empty::new())
+        let id = req.id.clone();
+        self.detached("update", id, |s| async move {
+            let c = s.get(&req.id)?;
+            let resources = req
+                .resources
+                .as_ref()
+                .ok_or_else(|| TaskError::InvalidArgument("update: no resources".into()))?;
+            c.update(resources).await?;
+            Ok(Empty::new())
+        })
+        .await
     }
 
     async fn stats(&self, _: &TtrpcContext, req: StatsRequest) -> TResult<StatsResponse> {
@@ -493,39 +569,9 @@ impl Task for Service {
     }
 
     async fn checkpoint(&self, _: &TtrpcContext, req: CheckpointTaskRequest) -> TResult<Empty> {
-        let c = self.0.get(&req.id).map_err(|e| self.0.fail("checkpoint", &req.id, e))?;
-        let opts = req
-            .options
-            .as_ref()
-            .and_then(|a| {
-                protobuf::Message::parse_from_bytes(&a.value)
-                    .ok()
-                    .map(|o: containerd_shim_protos::shim::oci::CheckpointOptions| o)
-            })
-            .unwrap_or_default();
-        let image = if opts.image_path.is_empty() {
-            req.path.clone()
-        } else {
-            opts.image_path.clone()
-        };
-        if image.is_empty() {
-            let e = TaskError::InvalidArgument("checkpoint: no image path".into());
-            return Err(self.0.fail("checkpoint", &req.id, e));
-        }
-        let work = if opts.work_path.is_empty() {
-            c.bundle.join("criu-work")
-        } else {
-            PathBuf::from(&opts.work_path)
-        };
-        c.checkpoint(std::path::Path::new(&image), &work, opts.exit)
+        let id = req.id.clone();
+        self.detached("checkpoint", id, |s| async move { s.do_checkpoint(req).await })
             .await
-            .map_err(|e| self.0.fail("checkpoint", &req.id, e))?;
-        self.0.publisher.publish(Event::Checkpointed(TaskCheckpointed {
-            container_id: c.id.clone(),
-            checkpoint: image,
-            ..Default::default()
-        }));
-        Ok(Empty::new())
     }
 
     async fn connect(&self, _: &TtrpcContext, req: ConnectRequest) -> TResult<ConnectResponse> {
@@ -558,3 +604,7 @@ pub fn services(svc: Service) -> HashMap<String, ttrpc::r#async::Service> {
     }
     all
 }
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;

@@ -1,0 +1,184 @@
+//! The lifecycle under deadlines and hung runtimes: a client deadline that cancels a request
+//! midway, and an OCI runtime that never answers.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use containerd_shim_protos::api::{ConnectRequest, DeleteRequest, ShutdownRequest, StartRequest, StateRequest};
+
+use crate::common::{
+    assert_clean, code, crio_bundle, crio_create_req, crio_kill_and_remove, crio_start, ctx, env, message,
+    open_fifo_reader, runtimeoptions_any, task_client, text, wait_until,
+};
+
+fn daemon_pid(bundle: &Path) -> i32 {
+    std::fs::read_to_string(bundle.join("shim.pid"))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Processes whose command line mentions `needle` (zombies have none, so they do not count).
+fn processes_with(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().parse::<i32>().is_err() {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) {
+            found.push(format!("{} {cmd}", e.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
+/// A Create whose client deadline (1 ms) passes while runc is still creating: ttrpc drops the
+/// handler, the create still runs to its end, and CRI-O's answer (Delete, Shutdown) leaves
+/// nothing behind and ends the daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_cancelled_by_a_client_deadline_leaves_nothing() {
+    let env = env();
+    let ns = env.namespace("cancel");
+    let b = crio_bundle(&ns, "cx1", "cx1", &["sleep", "1000"], |_| {});
+    let o = crio_start(&ns, &b.dir, "cx1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let daemon = daemon_pid(&b.dir);
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+
+    let short = ttrpc::context::with_timeout(Duration::from_millis(1).as_nanos() as i64);
+    let e = client.create(short, &crio_create_req(&b)).await.unwrap_err();
+    if let ttrpc::Error::RpcStatus(_) = e {
+        assert_eq!(code(&e), ttrpc::Code::DEADLINE_EXCEEDED, "{}", message(&e));
+    }
+    let delete = DeleteRequest {
+        id: "cx1".into(),
+        ..Default::default()
+    };
+    match client.delete(ctx(), &delete).await {
+        Ok(d) => assert_eq!(d.exit_status, 137),
+        Err(e) => assert_eq!(code(&e), ttrpc::Code::NOT_FOUND, "{}", message(&e)),
+    }
+    let shutdown = ShutdownRequest {
+        id: "cx1".into(),
+        ..Default::default()
+    };
+    client.shutdown(ctx(), &shutdown).await.unwrap();
+    let gone = wait_until(Duration::from_secs(10), || !alive(daemon));
+    assert!(gone, "daemon {daemon} still running after Delete and Shutdown");
+    assert_clean(env, &ns);
+}
+
+/// A runtime that hangs in `create` (a wrapper around runc, as the configured binary): Create
+/// fails with DEADLINE_EXCEEDED after the configured 2 s, the wrapper and its children are
+/// killed, and the daemon serves another container of the pod meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_runtime_create_times_out_while_the_daemon_serves_others() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = env();
+    let ns = env.namespace("hung-rt");
+    let wrapper = ns.dir.join("hanging-runc");
+    let script = "#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = create ]; then sleep 31337 & wait; fi\ndone\nexec runc \"$@\"\n";
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let hang_config = ns.dir.join("hang.toml");
+    std::fs::write(
+        &hang_config,
+        format!(
+            "[runtime]\nbinary = {:?}\nroot = {:?}\n[runtime.timeouts]\ncreate = 2\n",
+            wrapper, ns.runtime_root
+        ),
+    )
+    .unwrap();
+    let check = std::process::Command::new(crate::common::SHIM)
+        .arg("check-config")
+        .arg(&hang_config)
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", text(&check));
+
+    let hung = crio_bundle(&ns, "hang1", "hang1", &["sleep", "1000"], |_| {});
+    let ok = crio_bundle(&ns, "ok1", "hang1", &["sleep", "1000"], |_| {});
+    let o = crio_start(&ns, &hung.dir, "hang1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let address = String::from_utf8(o.stdout).unwrap();
+    let daemon = daemon_pid(&hung.dir);
+    let o = crio_start(&ns, &ok.dir, "ok1", b"");
+    assert_eq!(String::from_utf8(o.stdout).unwrap(), address);
+    let _hung_out = open_fifo_reader(&hung.stdout);
+    let _ok_out = open_fifo_reader(&ok.stdout);
+
+    let client = task_client(&address).await;
+    let mut req = crio_create_req(&hung);
+    req.options = protobuf::MessageField::some(runtimeoptions_any(&hang_config));
+    let started = Instant::now();
+    let pending = tokio::spawn(async move { client.create(ctx(), &req).await });
+
+    // The daemon answers and creates other containers while the hung call is pending.
+    let other = task_client(&address).await;
+    let _ = wait_until(Duration::from_secs(1), || !processes_with("sleep 31337").is_empty());
+    other.create(ctx(), &crio_create_req(&ok)).await.unwrap();
+    let start = StartRequest {
+        id: "ok1".into(),
+        ..Default::default()
+    };
+    other.start(ctx(), &start).await.unwrap();
+    let connect = ConnectRequest {
+        id: "ok1".into(),
+        ..Default::default()
+    };
+    assert_eq!(other.connect(ctx(), &connect).await.unwrap().shim_pid as i32, daemon);
+    let state = StateRequest {
+        id: "hang1".into(),
+        ..Default::default()
+    };
+    let e = other.state(ctx(), &state).await.unwrap_err();
+    assert_eq!(code(&e), ttrpc::Code::NOT_FOUND, "{}", message(&e));
+    assert!(!pending.is_finished(), "the hung create returned early");
+    assert!(!processes_with("sleep 31337").is_empty(), "the wrapper never hung");
+
+    let e = tokio::time::timeout(Duration::from_secs(30), pending)
+        .await
+        .expect("the hung create never returned")
+        .unwrap()
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(code(&e), ttrpc::Code::DEADLINE_EXCEEDED, "{}", message(&e));
+    assert!(message(&e).contains("create"), "{}", message(&e));
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(15),
+        "{took:?}"
+    );
+    let mut left = Vec::new();
+    let clean = wait_until(Duration::from_secs(5), || {
+        left = processes_with("sleep 31337");
+        left.extend(processes_with(wrapper.to_str().unwrap()));
+        left.is_empty()
+    });
+    assert!(clean, "left running:\n{}", left.join("\n"));
+
+    // CRI-O's answer to the failed Create, then the other container's teardown.
+    let delete = DeleteRequest {
+        id: "hang1".into(),
+        ..Default::default()
+    };
+    let e = other.delete(ctx(), &delete).await.unwrap_err();
+    assert_eq!(code(&e), ttrpc::Code::NOT_FOUND, "{}", message(&e));
+    let shutdown = ShutdownRequest {
+        id: "hang1".into(),
+        ..Default::default()
+    };
+    other.shutdown(ctx(), &shutdown).await.unwrap();
+    crio_kill_and_remove(&other, "ok1").await;
+    let gone = wait_until(Duration::from_secs(10), || !alive(daemon));
+    assert!(gone, "daemon {daemon} still running");
+    assert_clean(env, &ns);
+}
