@@ -2,6 +2,7 @@
 //! They need root, containerd, runc and busybox-static (scripts/test.sh installs them).
 
 mod bad_input;
+mod catalogue;
 mod common;
 mod containerd;
 mod cri;

@@ -11,13 +11,13 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use containerd_shim_protos::api::{
-    ConnectRequest, CreateTaskRequest, ExecProcessRequest, KillRequest, ShutdownRequest, StartRequest, WaitRequest,
+    ConnectRequest, CreateTaskRequest, ExecProcessRequest, KillRequest, StartRequest, WaitRequest,
 };
 use containerd_shim_protos::shim_async::TaskClient;
 
 use crate::common::{
     assert_clean, code, crio_bundle, crio_create_req, crio_kill_and_remove, crio_remove, crio_start, crio_start_cmd,
-    ctx, daemons_in, env, message, open_fifo_reader, read_fifo, run, task_client, text, wait_until, Ns, SHIM,
+    ctx, daemons_in, env, message, open_fifo_reader, read_fifo, run, shutdown, task_client, text, wait_until, Ns, SHIM,
 };
 
 const NOBODY: u32 = 65534;
@@ -145,14 +145,6 @@ async fn start_crio(ns: &Ns, bundle: &Path, id: &str) -> (String, TaskClient) {
     let address = String::from_utf8(o.stdout).unwrap();
     let client = task_client(&address).await;
     (address, client)
-}
-
-async fn shutdown(client: &TaskClient, id: &str) {
-    let req = ShutdownRequest {
-        id: id.into(),
-        ..Default::default()
-    };
-    client.shutdown(ctx(), &req).await.unwrap();
 }
 
 async fn start_and_wait(client: &TaskClient, id: &str) -> u32 {

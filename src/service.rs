@@ -46,6 +46,8 @@ pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
         TaskError::Runtime(r) if r.is_not_found() => Code::NOT_FOUND,
         TaskError::Runtime(RuntimeError::Timeout { .. }) => Code::DEADLINE_EXCEEDED,
         TaskError::Runtime(_) => Code::UNKNOWN,
+        // The rootfs mounts are the request's own input (type, source, options).
+        TaskError::Mount(crate::mount::MountError::Mount { .. }) => Code::INVALID_ARGUMENT,
         TaskError::Io(_) | TaskError::Mount(_) | TaskError::Cgroup(_) | TaskError::Internal(_) => Code::INTERNAL,
     };
     ttrpc::Error::RpcStatus(ttrpc::get_status(code, e.to_string()))

@@ -600,6 +600,15 @@ pub async fn crio_kill_and_remove(client: &containerd_shim_protos::shim_async::T
     crio_remove(client, id).await;
 }
 
+/// Shutdown as CRI-O sends it after a container's Delete.
+pub async fn shutdown(client: &containerd_shim_protos::shim_async::TaskClient, id: &str) {
+    let req = containerd_shim_protos::api::ShutdownRequest {
+        id: id.to_string(),
+        ..Default::default()
+    };
+    client.shutdown(ctx(), &req).await.unwrap();
+}
+
 /// Delete and Shutdown of one exited container, as CRI-O removes it; Delete's answer.
 pub async fn crio_remove(
     client: &containerd_shim_protos::shim_async::TaskClient,

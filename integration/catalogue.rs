@@ -1,0 +1,910 @@
+//! The bad-input catalogue: table-driven cases of everything an engine, a direct caller or a
+//! broken node can hand gantry. Each case asserts the ttrpc code (or the `start` outcome),
+//! that the message names the problem, and that nothing is left behind.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use containerd_shim_protos::api::{
+    CheckpointTaskRequest, CloseIORequest, CreateTaskRequest, DeleteRequest, ExecProcessRequest, KillRequest,
+    PauseRequest, PidsRequest, ResizePtyRequest, ResumeRequest, StartRequest, StateRequest, StatsRequest,
+    UpdateTaskRequest, WaitRequest,
+};
+use containerd_shim_protos::shim_async::TaskClient;
+use protobuf::well_known_types::any::Any;
+use protobuf::MessageField;
+use ttrpc::Code;
+
+use crate::common::{
+    assert_clean, code, crio_bundle, crio_create_req, crio_kill_and_remove, crio_start, ctx, env, message,
+    open_fifo_reader, run, runtimeoptions_any, task_client, text, SHIM,
+};
+
+type Patch = fn(&mut serde_json::Value);
+
+/// A Create that must be refused: how its bundle and request differ from a good one.
+struct CreateCase {
+    name: &'static str,
+    patch: Patch,
+    /// Replaces config.json with these bytes when set.
+    raw: Option<fn() -> Vec<u8>>,
+    request: fn(&mut CreateTaskRequest, &Path),
+    code: Code,
+    says: &'static str,
+}
+
+fn keep(_: &mut serde_json::Value) {}
+fn same(_: &mut CreateTaskRequest, _: &Path) {}
+
+fn json_any(type_url: &str, v: serde_json::Value) -> Any {
+    let mut any = Any::new();
+    any.type_url = type_url.into();
+    any.value = serde_json::to_vec(&v).unwrap();
+    any
+}
+
+fn create_cases() -> Vec<CreateCase> {
+    let c = |name, patch: Patch, request: fn(&mut CreateTaskRequest, &Path), code, says| CreateCase {
+        name,
+        patch,
+        raw: None,
+        request,
+        code,
+        says,
+    };
+    let raw = |name, raw: fn() -> Vec<u8>, code, says| CreateCase {
+        name,
+        patch: keep,
+        raw: Some(raw),
+        request: same,
+        code,
+        says,
+    };
+    vec![
+        raw(
+            "truncated json",
+            || b"{\"ociVersion\": \"1.0.2\", \"process\": [".to_vec(),
+            Code::INVALID_ARGUMENT,
+            "config.json",
+        ),
+        raw(
+            "not json at all",
+            || b"\x00\x01garbage".to_vec(),
+            Code::INVALID_ARGUMENT,
+            "malformed",
+        ),
+        raw("empty file", Vec::new, Code::INVALID_ARGUMENT, "malformed"),
+        raw(
+            "a json array",
+            || b"[1, 2, 3]".to_vec(),
+            Code::INVALID_ARGUMENT,
+            "malformed",
+        ),
+        c(
+            "process of the wrong type",
+            |s| s["process"] = "sh".into(),
+            same,
+            Code::INVALID_ARGUMENT,
+            "malformed",
+        ),
+        c(
+            "args of the wrong type",
+            |s| s["process"]["args"] = 7.into(),
+            same,
+            Code::INVALID_ARGUMENT,
+            "malformed",
+        ),
+        c(
+            "annotations of the wrong type",
+            |s| s["annotations"] = serde_json::json!([1]),
+            same,
+            Code::INVALID_ARGUMENT,
+            "malformed",
+        ),
+        c(
+            "root of the wrong type",
+            |s| s["root"] = "x".into(),
+            same,
+            Code::INVALID_ARGUMENT,
+            "malformed",
+        ),
+        c(
+            "missing rootfs",
+            |s| s["root"]["path"] = "/nonexistent/rootfs".into(),
+            same,
+            Code::INVALID_ARGUMENT,
+            "/nonexistent/rootfs",
+        ),
+        c(
+            "missing root",
+            |s| {
+                s.as_object_mut().unwrap().remove("root");
+            },
+            same,
+            Code::INVALID_ARGUMENT,
+            "rootfs",
+        ),
+        c(
+            "missing process",
+            |s| {
+                s.as_object_mut().unwrap().remove("process");
+            },
+            same,
+            Code::UNKNOWN,
+            "process",
+        ),
+        c(
+            "executable not found",
+            |s| s["process"]["args"] = serde_json::json!(["/no/such/binary"]),
+            same,
+            Code::UNKNOWN,
+            "/no/such/binary",
+        ),
+        c(
+            "netns path that does not exist",
+            |s| {
+                let bad = serde_json::json!({"type": "network", "path": "/proc/self/ns/no-such-ns"});
+                s["linux"]["namespaces"].as_array_mut().unwrap().push(bad);
+            },
+            same,
+            Code::UNKNOWN,
+            "no-such-ns",
+        ),
+        c(
+            "id with a slash",
+            keep,
+            |r, _| r.id = "a/b".into(),
+            Code::INVALID_ARGUMENT,
+            "invalid id",
+        ),
+        c(
+            "id ..",
+            keep,
+            |r, _| r.id = "..".into(),
+            Code::INVALID_ARGUMENT,
+            "invalid id",
+        ),
+        c(
+            "id escaping",
+            keep,
+            |r, _| r.id = "../escape".into(),
+            Code::INVALID_ARGUMENT,
+            "invalid id",
+        ),
+        c(
+            "empty id",
+            keep,
+            |r, _| r.id = String::new(),
+            Code::INVALID_ARGUMENT,
+            "invalid id",
+        ),
+        c(
+            "id with NUL",
+            keep,
+            |r, _| r.id = "a\0b".into(),
+            Code::INVALID_ARGUMENT,
+            "invalid id",
+        ),
+        c(
+            "id with a space",
+            keep,
+            |r, _| r.id = "a b".into(),
+            Code::INVALID_ARGUMENT,
+            "invalid id",
+        ),
+        c(
+            "id of 1025 bytes",
+            keep,
+            |r, _| r.id = "x".repeat(1025),
+            Code::INVALID_ARGUMENT,
+            "invalid id",
+        ),
+        c(
+            "relative bundle",
+            keep,
+            |r, _| r.bundle = "relative/bundle".into(),
+            Code::INVALID_ARGUMENT,
+            "relative/bundle",
+        ),
+        c(
+            "missing bundle",
+            keep,
+            |r, _| r.bundle = "/nonexistent/bundle".into(),
+            Code::INVALID_ARGUMENT,
+            "/nonexistent/bundle",
+        ),
+        c(
+            "restore from a checkpoint",
+            keep,
+            |r, _| r.checkpoint = "/tmp/cp".into(),
+            Code::UNIMPLEMENTED,
+            "checkpoint",
+        ),
+        c(
+            "stdin that does not exist",
+            keep,
+            |r, d| r.stdin = d.join("no-stdin").to_str().unwrap().into(),
+            Code::INVALID_ARGUMENT,
+            "no-stdin",
+        ),
+        c(
+            "stdout in a missing directory",
+            keep,
+            |r, d| r.stdout = d.join("gone/out").to_str().unwrap().into(),
+            Code::INVALID_ARGUMENT,
+            "gone/out",
+        ),
+        c(
+            "stdout that is a directory",
+            keep,
+            |r, d| r.stdout = d.to_str().unwrap().into(),
+            Code::INVALID_ARGUMENT,
+            "stdout",
+        ),
+        c(
+            "stdout with an unknown scheme",
+            keep,
+            |r, _| r.stdout = "tcp://127.0.0.1:9".into(),
+            Code::INVALID_ARGUMENT,
+            "tcp://",
+        ),
+        c(
+            "relative file:// stdout",
+            keep,
+            |r, _| r.stdout = "file://rel/out.log".into(),
+            Code::INVALID_ARGUMENT,
+            "absolute",
+        ),
+        c(
+            "relative binary:// stdout",
+            keep,
+            |r, _| r.stdout = "binary://logger".into(),
+            Code::INVALID_ARGUMENT,
+            "absolute",
+        ),
+        c(
+            "binary:// logger that does not exist",
+            keep,
+            |r, _| r.stdout = "binary:///no/such/logger".into(),
+            Code::INVALID_ARGUMENT,
+            "/no/such/logger",
+        ),
+        c(
+            "file:// into a read-only directory",
+            keep,
+            |r, d| {
+                r.stdout = format!("file://{}/ro/out.log", d.parent().unwrap().parent().unwrap().display());
+            },
+            Code::INVALID_ARGUMENT,
+            "Read-only",
+        ),
+        c(
+            "unknown rootfs mount type",
+            |s| s["root"]["path"] = "rootfs".into(),
+            |r, _| {
+                r.rootfs = vec![containerd_shim_protos::types::mount::Mount {
+                    type_: "no-such-fs".into(),
+                    source: "none".into(),
+                    ..Default::default()
+                }];
+            },
+            Code::INVALID_ARGUMENT,
+            "no-such-fs",
+        ),
+        c(
+            "rootfs bind of a missing source",
+            |s| s["root"]["path"] = "rootfs".into(),
+            |r, _| {
+                r.rootfs = vec![containerd_shim_protos::types::mount::Mount {
+                    type_: "bind".into(),
+                    source: "/nonexistent/layer".into(),
+                    options: vec!["rbind".into()],
+                    ..Default::default()
+                }];
+            },
+            Code::INVALID_ARGUMENT,
+            "/nonexistent/layer",
+        ),
+        c(
+            "shim config with a syntax error",
+            keep,
+            |r, d| config(r, d, "syntax.toml", "[runtime\nbinary = 1"),
+            Code::INVALID_ARGUMENT,
+            "syntax.toml",
+        ),
+        c(
+            "shim config with an unknown key",
+            keep,
+            |r, d| config(r, d, "unknown.toml", "[runtime]\nbinnary = \"crun\"\n"),
+            Code::INVALID_ARGUMENT,
+            "binnary",
+        ),
+        c(
+            "shim config with a wrong type",
+            keep,
+            |r, d| config(r, d, "type.toml", "[runtime]\nsystemd_cgroup = \"maybe\"\n"),
+            Code::INVALID_ARGUMENT,
+            "runtime.systemd_cgroup",
+        ),
+        c(
+            "shim config that does not exist",
+            keep,
+            |r, d| {
+                r.options = MessageField::some(runtimeoptions_any(&d.join("absent.toml")));
+            },
+            Code::INVALID_ARGUMENT,
+            "absent.toml",
+        ),
+        c(
+            "OCI runtime that does not exist",
+            keep,
+            |r, d| config(r, d, "nort.toml", "[runtime]\nbinary = \"/nonexistent/runc\"\n"),
+            Code::UNKNOWN,
+            "/nonexistent/runc",
+        ),
+        c(
+            "unknown CDI device",
+            |s| s["annotations"]["gantry.dev/devices"] = "nvidia.com/gpu=7".into(),
+            same,
+            Code::INVALID_ARGUMENT,
+            "nvidia.com/gpu=7",
+        ),
+        c(
+            "malformed CDI name",
+            |s| s["annotations"]["gantry.dev/devices"] = "not a device name".into(),
+            same,
+            Code::INVALID_ARGUMENT,
+            "not a device name",
+        ),
+        c(
+            "CDI annotation naming an unknown vendor",
+            |s| s["annotations"]["cdi.k8s.io/x"] = "example.com/nic=0".into(),
+            same,
+            Code::INVALID_ARGUMENT,
+            "example.com/nic=0",
+        ),
+    ]
+}
+
+/// Points the request at a shim config file holding `text`.
+fn config(r: &mut CreateTaskRequest, bundle: &Path, name: &str, text: &str) {
+    let path = bundle.parent().unwrap().join(name);
+    std::fs::write(&path, text).unwrap();
+    r.options = MessageField::some(runtimeoptions_any(&path));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_creates_name_the_problem_and_leave_nothing() {
+    let env = env();
+    let ns = env.namespace("catalogue");
+    // A read-only directory for the file:// case.
+    let ro = ns.dir.join("ro");
+    std::fs::create_dir_all(&ro).unwrap();
+    let o = run(Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "ro,size=64k", "tmpfs"])
+        .arg(&ro));
+    assert!(o.status.success(), "{}", text(&o));
+    let host = ns.dir.join("host");
+    let b = crio_bundle(&ns, "cat-host", "cat-host", &["sleep", "60"], |_| {});
+    std::fs::rename(&b.dir, &host).unwrap();
+    let o = crio_start(&ns, &host, "cat-host", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+
+    let cases = create_cases();
+    assert!(cases.len() >= 40, "{} create cases", cases.len());
+    let mut failures = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let id = format!("cat{i}");
+        let b = crio_bundle(&ns, &id, "cat-host", &["true"], case.patch);
+        if let Some(raw) = case.raw {
+            std::fs::write(b.dir.join("config.json"), raw()).unwrap();
+        }
+        let before = std::fs::read(b.dir.join("config.json")).unwrap();
+        let _out = open_fifo_reader(&b.stdout);
+        let mut req = crio_create_req(&b);
+        (case.request)(&mut req, &b.dir);
+        match client.create(ctx(), &req).await {
+            Ok(_) => failures.push(format!("{}: accepted", case.name)),
+            Err(e) if code(&e) != case.code || !message(&e).contains(case.says) => {
+                failures.push(format!("{}: {:?} {:?}", case.name, code(&e), message(&e)));
+            }
+            Err(_) => {}
+        }
+        if std::fs::read(b.dir.join("config.json")).unwrap() != before {
+            failures.push(format!("{}: config.json changed", case.name));
+        }
+        let left: Vec<_> = ["init.pid", "gantry-runtime.json", "log.json", "oom"]
+            .iter()
+            .filter(|f| b.dir.join(f).exists())
+            .collect();
+        if !left.is_empty() {
+            failures.push(format!("{}: left {left:?}", case.name));
+        }
+        if ns.runtime_root.join(&ns.name).join(&id).exists() {
+            failures.push(format!("{}: runtime state left", case.name));
+        }
+        std::fs::remove_dir_all(&b.dir).unwrap();
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    let _ = nix::mount::umount2(&ro, nix::mount::MntFlags::MNT_DETACH);
+    crate::common::shutdown(&client, "cat-host").await;
+    assert_clean(env, &ns);
+}
+
+/// Every RPC on an unknown container, an unknown exec and in the wrong state: the code the Go
+/// shim returns, and the daemon lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpcs_on_unknown_ids_and_in_the_wrong_state() {
+    let env = env();
+    let ns = env.namespace("catalogue-rpc");
+    let b = crio_bundle(&ns, "rpc1", "rpc1", &["sleep", "60"], |_| {});
+    let o = crio_start(&ns, &b.dir, "rpc1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+    let mut failures = Vec::new();
+    let mut expect = |name: &str, got: Result<(), ttrpc::Error>, want: Option<Code>| match (got, want) {
+        (Ok(()), None) => {}
+        (Err(e), Some(w)) if code(&e) == w => {}
+        (got, want) => failures.push(format!("{name}: got {got:?}, want {want:?}")),
+    };
+    for id in ["nobody", "rpc1"] {
+        // For "rpc1" (not created yet) as for "nobody": NOT_FOUND everywhere.
+        unknown_id_cases(&client, id, &mut expect).await;
+    }
+    client.create(ctx(), &crio_create_req(&b)).await.unwrap();
+    let dup = client.create(ctx(), &crio_create_req(&b)).await.map(drop);
+    expect("duplicate create", dup, Some(Code::ALREADY_EXISTS));
+    wrong_state_cases(&client, &mut expect).await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    crio_kill_and_remove(&client, "rpc1").await;
+    assert_clean(env, &ns);
+}
+
+async fn unknown_id_cases(
+    c: &TaskClient,
+    id: &str,
+    expect: &mut impl FnMut(&str, Result<(), ttrpc::Error>, Option<Code>),
+) {
+    let nf = Some(Code::NOT_FOUND);
+    let id = id.to_string();
+    let r = c
+        .state(
+            ctx(),
+            &StateRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(&format!("state {id}"), r, nf);
+    let r = c
+        .start(
+            ctx(),
+            &StartRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(&format!("start {id}"), r, nf);
+    let r = c
+        .kill(
+            ctx(),
+            &KillRequest {
+                id: id.clone(),
+                signal: 9,
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(&format!("kill {id}"), r, nf);
+    let r = c
+        .wait(
+            ctx(),
+            &WaitRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(&format!("wait {id}"), r, nf);
+    let r = c
+        .delete(
+            ctx(),
+            &DeleteRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(&format!("delete {id}"), r, nf);
+    let r = c
+        .pids(
+            ctx(),
+            &PidsRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(&format!("pids {id}"), r, nf);
+    let r = c
+        .pause(
+            ctx(),
+            &PauseRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(&format!("pause {id}"), r, nf);
+    let r = c
+        .resume(
+            ctx(),
+            &ResumeRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(&format!("resume {id}"), r, nf);
+    let r = c
+        .stats(
+            ctx(),
+            &StatsRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(&format!("stats {id}"), r, nf);
+    let r = c
+        .close_io(
+            ctx(),
+            &CloseIORequest {
+                id: id.clone(),
+                stdin: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(&format!("close_io {id}"), r, nf);
+    let r = c
+        .resize_pty(
+            ctx(),
+            &ResizePtyRequest {
+                id: id.clone(),
+                width: 1,
+                height: 1,
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(&format!("resize_pty {id}"), r, nf);
+    let exec = ExecProcessRequest {
+        id: id.clone(),
+        exec_id: "e".into(),
+        spec: MessageField::some(process_any()),
+        ..Default::default()
+    };
+    let r = c.exec(ctx(), &exec).await.map(drop);
+    expect(&format!("exec {id}"), r, nf);
+    let update = UpdateTaskRequest {
+        id: id.clone(),
+        resources: MessageField::some(json_any("x", serde_json::json!({}))),
+        ..Default::default()
+    };
+    let r = c.update(ctx(), &update).await.map(drop);
+    expect(&format!("update {id}"), r, nf);
+    let r = c
+        .checkpoint(
+            ctx(),
+            &CheckpointTaskRequest {
+                id: id.clone(),
+                path: "/tmp/x".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(&format!("checkpoint {id}"), r, nf);
+}
+
+fn process_any() -> Any {
+    let spec = serde_json::json!({"args": ["true"], "cwd": "/", "user": {"uid": 0, "gid": 0}, "env": ["PATH=/bin"]});
+    json_any("types.containerd.io/opencontainers/runtime-spec/1/Process", spec)
+}
+
+async fn wrong_state_cases(c: &TaskClient, expect: &mut impl FnMut(&str, Result<(), ttrpc::Error>, Option<Code>)) {
+    let id = || "rpc1".to_string();
+    let fp = Some(Code::FAILED_PRECONDITION);
+    let r = c
+        .pause(
+            ctx(),
+            &PauseRequest {
+                id: id(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect("pause before start", r, fp);
+    let r = c
+        .resume(
+            ctx(),
+            &ResumeRequest {
+                id: id(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect("resume before start", r, fp);
+    let exec = |exec_id: &str, spec: Option<Any>| ExecProcessRequest {
+        id: id(),
+        exec_id: exec_id.into(),
+        spec: spec.into(),
+        ..Default::default()
+    };
+    let r = c.exec(ctx(), &exec("bad/exec", Some(process_any()))).await.map(drop);
+    expect("exec id with a slash", r, Some(Code::INVALID_ARGUMENT));
+    let r = c.exec(ctx(), &exec("nospec", None)).await.map(drop);
+    expect("exec without a spec", r, Some(Code::INVALID_ARGUMENT));
+    let garbage = json_any("x", serde_json::json!({"args": 3}));
+    let r = c.exec(ctx(), &exec("garbage", Some(garbage))).await.map(drop);
+    expect("exec with a malformed spec", r, Some(Code::INVALID_ARGUMENT));
+    let r = c
+        .start(
+            ctx(),
+            &StartRequest {
+                id: id(),
+                exec_id: "never-added".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect("start of an unknown exec", r, Some(Code::NOT_FOUND));
+    c.start(
+        ctx(),
+        &StartRequest {
+            id: id(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let r = c
+        .start(
+            ctx(),
+            &StartRequest {
+                id: id(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect("start twice", r, fp);
+    let r = c
+        .delete(
+            ctx(),
+            &DeleteRequest {
+                id: id(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect("delete while running", r, fp);
+    let r = c
+        .resume(
+            ctx(),
+            &ResumeRequest {
+                id: id(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect("resume while running", r, fp);
+    c.exec(ctx(), &exec("e1", Some(process_any()))).await.unwrap();
+    let r = c.exec(ctx(), &exec("e1", Some(process_any()))).await.map(drop);
+    expect("duplicate exec id", r, Some(Code::ALREADY_EXISTS));
+    let r = c
+        .kill(
+            ctx(),
+            &KillRequest {
+                id: id(),
+                exec_id: "e1".into(),
+                signal: 9,
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect("kill of an exec not started", r, fp);
+    let r = c
+        .delete(
+            ctx(),
+            &DeleteRequest {
+                id: id(),
+                exec_id: "e1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect("delete of an exec not started", r, None);
+    let r = c
+        .resize_pty(
+            ctx(),
+            &ResizePtyRequest {
+                id: id(),
+                width: 80,
+                height: 24,
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect(
+        "resize of a process without a terminal (ignored, as by the Go shim)",
+        r,
+        None,
+    );
+    let bad = UpdateTaskRequest {
+        id: id(),
+        resources: MessageField::some(json_any("x", serde_json::json!({"memory": {"limit": "lots"}}))),
+        ..Default::default()
+    };
+    let r = c.update(ctx(), &bad).await.map(drop);
+    expect("update with garbage resources", r, Some(Code::INVALID_ARGUMENT));
+    let none = UpdateTaskRequest {
+        id: id(),
+        ..Default::default()
+    };
+    let r = c.update(ctx(), &none).await.map(drop);
+    expect("update without resources", r, Some(Code::INVALID_ARGUMENT));
+    let r = c
+        .kill(
+            ctx(),
+            &KillRequest {
+                id: id(),
+                signal: 65,
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop);
+    expect("signal 65", r, Some(Code::INVALID_ARGUMENT));
+}
+
+/// `start` as engines and direct callers may run it: refused without an id or a config.json,
+/// never refused for what is on stdin.
+#[test]
+fn start_arguments_and_stdin() {
+    let env = env();
+    let ns = env.namespace("catalogue-start");
+    let b = crio_bundle(&ns, "st1", "st1", &["true"], |_| {});
+    let shim = |args: &[&str], stdin: &[u8], dir: &Path| {
+        use std::io::Write;
+        let mut child = Command::new(SHIM)
+            .args(args)
+            .current_dir(dir)
+            .env("TTRPC_ADDRESS", "")
+            .env("GANTRY_CONFIG", &ns.config)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let o = shim(&["-namespace", "default", "-address", "", "start"], b"", &b.dir);
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("invalid id"),
+        "{}",
+        text(&o)
+    );
+    let o = shim(&["-namespace", "default", "-id", "st1", "-bogus", "start"], b"", &b.dir);
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("bogus"),
+        "{}",
+        text(&o)
+    );
+    let o = shim(&["-namespace", "default", "-id", "st1", "launch"], b"", &b.dir);
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("launch"),
+        "{}",
+        text(&o)
+    );
+    for garbage in [&b"\xff\xfe garbage"[..], &[0u8; 4096][..], &b"\x0a\x05hello"[..]] {
+        let o = shim(
+            &["-namespace", "default", "-address", "", "-id", "st1", "start"],
+            garbage,
+            &b.dir,
+        );
+        assert!(o.status.success(), "garbage stdin must not fail start: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).starts_with("unix://"),
+            "{}",
+            text(&o)
+        );
+    }
+    let address = std::fs::read_to_string(b.dir.join("address")).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = task_client(&address).await;
+        crate::common::shutdown(&client, "st1").await;
+    });
+    assert!(crate::common::wait_until(std::time::Duration::from_secs(10), || {
+        crate::common::daemons_in(&b.dir).is_empty()
+    }));
+    assert_clean(env, &ns);
+}
+
+/// An oversized config.json (10 MB of annotations) is not bad input: it runs, as under runc,
+/// and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_megabytes_of_annotations_run() {
+    let env = env();
+    let ns = env.namespace("catalogue-big");
+    let b = crio_bundle(&ns, "big1", "big1", &["true"], |s| {
+        let map = s["annotations"].as_object_mut().unwrap();
+        for i in 0..10_000 {
+            map.insert(format!("example.com/a{i}"), "x".repeat(1000).into());
+        }
+    });
+    assert!(std::fs::metadata(b.dir.join("config.json")).unwrap().len() > 10_000_000);
+    let o = crio_start(&ns, &b.dir, "big1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+    client.create(ctx(), &crio_create_req(&b)).await.unwrap();
+    client
+        .start(
+            ctx(),
+            &StartRequest {
+                id: "big1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let w = client
+        .wait(
+            ctx(),
+            &WaitRequest {
+                id: "big1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.exit_status, 0);
+    crate::common::crio_remove(&client, "big1").await;
+    assert_clean(env, &ns);
+}
