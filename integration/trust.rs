@@ -603,3 +603,57 @@ async fn stdio_paths_runtime_errors_and_connection_bursts() {
     shutdown(&client, "sm1").await;
     assert_clean(env, &ns);
 }
+
+/// Security checks: under umask 000, nothing gantry creates (bundle files, sockets, the socket
+/// directory) is group- or world-writable; the daemon's environment does not reach the
+/// container; the socket directory is not visible inside the container's mount namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn created_files_are_private_and_the_daemon_environment_stays_out() {
+    let env = env();
+    let ns = env.namespace("private");
+    let probe = format!("ls {} 2>&1; env", ns.socket_dir.display());
+    let b = crio_bundle(&ns, "priv1", "priv1", &["sh", "-c", &probe], |_| {});
+    let mut cmd = crio_start_cmd(&ns, &b.dir, "priv1");
+    cmd.env("GANTRY_TEST_SECRET", "leaked-from-the-daemon");
+    // SAFETY: umask is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0);
+            Ok(())
+        });
+    }
+    let o = run(cmd.stdin(Stdio::null()));
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let mut out = open_fifo_reader(&b.stdout);
+    client.create(ctx(), &crio_create_req(&b)).await.unwrap();
+    let mut loose = Vec::new();
+    let mut check = |p: &Path| {
+        if let Ok(m) = std::fs::symlink_metadata(p) {
+            if m.mode() & 0o022 != 0 && !m.file_type().is_symlink() {
+                loose.push(format!("{} {:o}", p.display(), m.mode() & 0o7777));
+            }
+        }
+    };
+    check(&ns.socket_dir);
+    for e in std::fs::read_dir(&ns.socket_dir).unwrap().flatten() {
+        check(&e.path());
+    }
+    for name in ["address", "shim.pid", "gantry-runtime.json", "log.json", "init.pid"] {
+        check(&b.dir.join(name));
+    }
+    assert_eq!(start_and_wait(&client, "priv1").await, 0);
+    let seen = read_fifo(&mut out, Duration::from_secs(5));
+    assert!(loose.is_empty(), "group- or world-writable: {loose:?}");
+    assert!(
+        seen.contains("No such file"),
+        "the socket directory is visible inside: {seen}"
+    );
+    assert!(seen.contains("PATH="), "no env printed: {seen}");
+    assert!(
+        !seen.contains("leaked-from-the-daemon"),
+        "the daemon's environment reached the container: {seen}"
+    );
+    crio_remove(&client, "priv1").await;
+    assert_clean(env, &ns);
+}

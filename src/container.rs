@@ -257,6 +257,8 @@ impl Container {
             }
         };
         process.set_pid(pid);
+        // The runtime creates it 0666 less the daemon's umask, which the engine may have left 0.
+        files::restrict(&pid_file, 0o644);
         let init_exit = reaper.subscribe_since(pid, Some(started));
         undo.armed = false;
         info!(log, "created"; "pid" => pid, "oci_runtime" => &runtime.binary,

@@ -56,6 +56,18 @@ pub fn open_write_nofollow(path: &Path, extra_flags: i32) -> std::io::Result<Fil
         .open(path)
 }
 
+/// Sets the mode of a file someone else (the runtime) created, through a descriptor opened
+/// without following a link; best effort.
+pub fn restrict(path: &Path, mode: u32) {
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path);
+    if let Ok(f) = opened {
+        let _ = f.set_permissions(std::fs::Permissions::from_mode(mode));
+    }
+}
+
 /// Removes `path` only when it is not a directory, and never what a link points at (unlink
 /// removes the link itself): for files gantry owns in a bundle, whatever was planted there.
 pub fn remove_entry(path: &Path) {

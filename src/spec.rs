@@ -210,7 +210,12 @@ pub fn save(bundle: &Path, loaded: &Loaded) -> Result<(), SpecError> {
         source: std::io::Error::other(e),
     };
     let edited = serde_json::to_value(spec).map_err(write_err)?;
-    let original: Value = serde_json::from_slice(&loaded.raw).map_err(write_err)?;
+    // What the typed parse skipped (an unmodelled field) can still be invalid JSON text, such
+    // as a lone surrogate escape: that is a malformed file, not a failed write.
+    let original: Value = serde_json::from_slice(&loaded.raw).map_err(|source| SpecError::Parse {
+        path: path.clone(),
+        source,
+    })?;
     let modelled = serde_json::from_slice::<Spec>(&loaded.raw)
         .and_then(serde_json::to_value)
         .map_err(write_err)?;
@@ -385,6 +390,19 @@ mod tests {
         // What runc gets must still be a spec.
         serde_json::from_slice::<Spec>(&saved).unwrap();
         serde_json::from_slice(&saved).unwrap()
+    }
+
+    #[test]
+    fn invalid_text_in_an_unmodelled_field_is_malformed_not_a_write_error() {
+        // Found by fuzz/spec: the typed parses skip the field, the document parse does not.
+        let dir = tempfile::tempdir().unwrap();
+        let text = WITH_UNMODELLED.replace(r#"{"keep": true}"#, r#""\ud800""#);
+        std::fs::write(dir.path().join("config.json"), &text).unwrap();
+        let mut loaded = load(dir.path()).unwrap();
+        loaded.spec.as_mut().unwrap().set_hostname(Some("edited".into()));
+        let e = save(dir.path(), &loaded).unwrap_err();
+        assert!(matches!(e, SpecError::Parse { .. }), "{e}");
+        assert_eq!(std::fs::read_to_string(dir.path().join("config.json")).unwrap(), text);
     }
 
     #[test]

@@ -171,7 +171,8 @@ pub fn is_privileged<S: AsRef<str>>(bounding: &[S]) -> bool {
     let has = |want: &str| {
         bounding.iter().any(|c| {
             let c = c.as_ref();
-            let bare = if c.len() >= 4 && c[..4].eq_ignore_ascii_case("CAP_") {
+            // Bytes: a name with multi-byte characters must not be sliced inside one.
+            let bare = if c.as_bytes().get(..4).is_some_and(|p| p.eq_ignore_ascii_case(b"CAP_")) {
                 &c[4..]
             } else {
                 c

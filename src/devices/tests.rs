@@ -745,4 +745,6 @@ fn privileged_heuristic() {
     assert!(!is_privileged(&["CAP_SYS_ADMIN", "CAP_SYS_RAWIO"]));
     assert!(!is_privileged(&["CAP_CHOWN", "CAP_NET_BIND_SERVICE"]));
     assert!(!is_privileged::<&str>(&[]));
+    // Multi-byte characters where the CAP_ prefix would end (found by fuzz/spec; panicked).
+    assert!(!is_privileged(&["¡ࠀ", "CA\u{e9}", "\u{556ce}x"]));
 }
