@@ -7,6 +7,7 @@ mod common;
 mod containerd;
 mod cri;
 mod crio;
+mod faults;
 mod gpu;
 mod install;
 mod lifecycle;

@@ -13,6 +13,9 @@ use tokio::sync::oneshot;
 
 /// How long an unclaimed exit is kept before it is dropped (reparented orphans nobody waits for).
 const UNCLAIMED_TTL: Duration = Duration::from_secs(120);
+/// Unclaimed exits kept at most (a fork storm of orphans in a pod sharing the host's pid
+/// namespace must not grow the daemon); past it the oldest is dropped.
+pub const MAX_UNCLAIMED: usize = 4096;
 
 /// A reaped process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +83,12 @@ impl Reaper {
         inner
             .unclaimed
             .retain(|_, (_, t)| now.duration_since(*t) < UNCLAIMED_TTL);
+        if inner.unclaimed.len() >= MAX_UNCLAIMED {
+            let oldest = inner.unclaimed.iter().min_by_key(|(_, (_, t))| *t).map(|(pid, _)| *pid);
+            if let Some(pid) = oldest {
+                inner.unclaimed.remove(&pid);
+            }
+        }
         inner.unclaimed.insert(exit.pid, (exit, now));
     }
 
@@ -140,6 +149,18 @@ mod tests {
             status,
             at: SystemTime::now(),
         }
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_unclaimed_exits_is_bounded_and_keeps_the_newest() {
+        let r = Reaper::default();
+        let n = MAX_UNCLAIMED as i32 + 500;
+        for pid in 1..=n {
+            r.deliver(exit(pid, 0));
+        }
+        assert_eq!(r.lock().unclaimed.len(), MAX_UNCLAIMED);
+        let got = r.subscribe(n).await.unwrap();
+        assert_eq!(got.pid, n, "the newest is still there");
     }
 
     #[tokio::test]

@@ -1,0 +1,261 @@
+//! Fault injection: the daemon or the OCI runtime killed at the worst moment, a stdio FIFO
+//! removed under a running container, 20 pods at once, init exiting while an exec runs. Each
+//! leaves the node clean and every container's state correct.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use containerd_shim_protos::api::{ExecProcessRequest, KillRequest, StartRequest, StateRequest, Status, WaitRequest};
+use containerd_shim_protos::shim_async::TaskClient;
+
+use crate::common::{
+    assert_clean, crio_bundle, crio_create_req, crio_kill_and_remove, crio_remove, crio_start, ctx, daemons_in, env,
+    open_fifo_reader, read_fifo, run, task_client, text, wait_until, Ns, SHIM,
+};
+
+/// An OCI runtime wrapper that, on `create`, records its pid in `marker` and waits for `gate`
+/// to exist before running runc.
+fn gated_runtime(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (marker, gate, wrapper) = (dir.join("create-pid"), dir.join("gate"), dir.join("gated-runc"));
+    let script = format!(
+        "#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = create ]; then\n    echo $$ > {m}\n    \
+         while [ ! -e {g} ]; do sleep 0.05; done\n  fi\ndone\nexec runc \"$@\"\n",
+        m = marker.display(),
+        g = gate.display()
+    );
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (wrapper, marker, gate)
+}
+
+fn gated_ns(name: &str) -> (Ns, PathBuf, PathBuf) {
+    let env = env();
+    let probe = env.namespace(name);
+    let (wrapper, marker, gate) = gated_runtime(&probe.dir);
+    let ns = env.namespace_with(name, &format!("[runtime]\nbinary = {:?}\n", wrapper));
+    (ns, marker, gate)
+}
+
+fn read_pid(path: &Path) -> i32 {
+    assert!(
+        wait_until(Duration::from_secs(10), || path.exists()),
+        "{path:?} never appeared"
+    );
+    let mut pid = String::new();
+    assert!(wait_until(Duration::from_secs(5), || {
+        pid = std::fs::read_to_string(path).unwrap_or_default();
+        pid.ends_with('\n')
+    }));
+    pid.trim().parse().unwrap()
+}
+
+fn sigkill(pid: i32) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+}
+
+/// The daemon SIGKILLed while Create runs: the client gets an error, and the `delete` action
+/// (what CRI-O and containerd run for a shim they lost) leaves nothing, even though the
+/// runtime finished creating after the daemon died.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_killed_during_create_then_delete_cleans_up() {
+    let env = env();
+    let (ns, marker, gate) = gated_ns("fault-daemon");
+    let b = crio_bundle(&ns, "fd1", "fd1", &["sleep", "60"], |_| {});
+    let o = crio_start(&ns, &b.dir, "fd1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+    let req = crio_create_req(&b);
+    let create = tokio::spawn(async move { client.create(ctx(), &req).await });
+    let runtime = read_pid(&marker);
+    let daemon: i32 = std::fs::read_to_string(b.dir.join("shim.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    sigkill(daemon);
+    assert!(create.await.unwrap().is_err(), "Create answered from a killed daemon");
+    // The runtime outlives the daemon and finishes its create.
+    std::fs::write(&gate, "").unwrap();
+    assert!(wait_until(Duration::from_secs(10), || !Path::new(&format!(
+        "/proc/{runtime}"
+    ))
+    .exists()
+        || std::fs::read_to_string(format!("/proc/{runtime}/stat"))
+            .is_ok_and(|s| s.contains(") Z"))));
+    let o = run(Command::new(SHIM)
+        .args(["-namespace", "default", "-id", "fd1", "-bundle"])
+        .arg(&b.dir)
+        .arg("delete")
+        .env("GANTRY_CONFIG", &ns.config));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(daemons_in(&b.dir).is_empty());
+    std::fs::remove_file(&gate).unwrap();
+    std::fs::remove_file(&marker).unwrap();
+    assert_clean(env, &ns);
+}
+
+/// The OCI runtime SIGKILLed in the middle of `create`: Create fails naming the runtime, and
+/// nothing of the container is left; the daemon keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_killed_mid_create_fails_cleanly() {
+    let env = env();
+    let (ns, marker, gate) = gated_ns("fault-runtime");
+    let b = crio_bundle(&ns, "fr1", "fr1", &["sleep", "60"], |_| {});
+    let o = crio_start(&ns, &b.dir, "fr1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let address = String::from_utf8(o.stdout).unwrap();
+    let client = task_client(&address).await;
+    let _out = open_fifo_reader(&b.stdout);
+    let req = crio_create_req(&b);
+    let create = tokio::spawn(async move { client.create(ctx(), &req).await });
+    sigkill(read_pid(&marker));
+    let e = create.await.unwrap().unwrap_err();
+    assert!(format!("{e:?}").contains("gated-runc"), "{e:?}");
+    // The daemon still serves: the same id can be created once the runtime behaves.
+    std::fs::write(&gate, "").unwrap();
+    let client = task_client(&address).await;
+    client.create(ctx(), &crio_create_req(&b)).await.unwrap();
+    crio_kill_and_remove(&client, "fr1").await;
+    std::fs::remove_file(&gate).unwrap();
+    std::fs::remove_file(&marker).unwrap();
+    assert_clean(env, &ns);
+}
+
+async fn start(client: &TaskClient, id: &str, exec_id: &str) -> u32 {
+    let req = StartRequest {
+        id: id.into(),
+        exec_id: exec_id.into(),
+        ..Default::default()
+    };
+    client.start(ctx(), &req).await.unwrap().pid
+}
+
+async fn wait(client: &TaskClient, id: &str, exec_id: &str) -> u32 {
+    let req = WaitRequest {
+        id: id.into(),
+        exec_id: exec_id.into(),
+        ..Default::default()
+    };
+    client.wait(ctx(), &req).await.unwrap().exit_status
+}
+
+/// The stdout FIFO removed (and its reader gone) under a running container: the container keeps
+/// running, and Kill, Wait and Delete still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdout_fifo_removed_under_a_running_container() {
+    let env = env();
+    let ns = env.namespace("fault-fifo");
+    let b = crio_bundle(
+        &ns,
+        "ff1",
+        "ff1",
+        &["sh", "-c", "while true; do echo tick; sleep 0.1; done"],
+        |_| {},
+    );
+    let o = crio_start(&ns, &b.dir, "ff1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let mut out = open_fifo_reader(&b.stdout);
+    client.create(ctx(), &crio_create_req(&b)).await.unwrap();
+    start(&client, "ff1", "").await;
+    assert!(read_fifo(&mut out, Duration::from_secs(5)).contains("tick"));
+    drop(out);
+    std::fs::remove_file(&b.stdout).unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = client
+        .state(
+            ctx(),
+            &StateRequest {
+                id: "ff1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        st.status.enum_value_or_default(),
+        Status::RUNNING,
+        "the container died with its reader"
+    );
+    crio_kill_and_remove(&client, "ff1").await;
+    assert_clean(env, &ns);
+}
+
+/// Twenty CRI-O-style pods created, started and killed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_pods_at_once() {
+    let env = env();
+    let ns = env.namespace("fault-twenty");
+    let mut pods = Vec::new();
+    for i in 0..20 {
+        let id = format!("tw{i}");
+        let b = crio_bundle(&ns, &id, &id, &["sleep", "60"], |_| {});
+        let ns_config = ns.config.clone();
+        let name = ns.name.clone();
+        pods.push(tokio::spawn(async move {
+            let ns = Ns {
+                name,
+                dir: PathBuf::new(),
+                config: ns_config,
+                socket_dir: PathBuf::new(),
+                runtime_root: PathBuf::new(),
+            };
+            let (dir, id2) = (b.dir.clone(), id.clone());
+            let o = tokio::task::spawn_blocking(move || crio_start(&ns, &dir, &id2, b""))
+                .await
+                .unwrap();
+            assert!(o.status.success(), "{}", text(&o));
+            let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+            let _out = open_fifo_reader(&b.stdout);
+            client.create(ctx(), &crio_create_req(&b)).await.unwrap();
+            start(&client, &id, "").await;
+            crio_kill_and_remove(&client, &id).await;
+        }));
+    }
+    for p in pods {
+        p.await.unwrap();
+    }
+    assert_clean(env, &ns);
+}
+
+/// Init exits while an exec still runs (a pod-shared pid namespace keeps the exec alive): the
+/// exec is killed with the container, Wait returns for both, and everything is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_exits_while_an_exec_runs() {
+    let env = env();
+    let ns = env.namespace("fault-initexit");
+    let b = crio_bundle(&ns, "ie1", "ie1", &["sh", "-c", "sleep 1; exit 3"], |_| {});
+    let o = crio_start(&ns, &b.dir, "ie1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+    client.create(ctx(), &crio_create_req(&b)).await.unwrap();
+    start(&client, "ie1", "").await;
+    let spec =
+        serde_json::json!({"args": ["sleep", "60"], "cwd": "/", "user": {"uid": 0, "gid": 0}, "env": ["PATH=/bin"]});
+    let mut any = protobuf::well_known_types::any::Any::new();
+    any.type_url = "types.containerd.io/opencontainers/runtime-spec/1/Process".into();
+    any.value = serde_json::to_vec(&spec).unwrap();
+    let exec = ExecProcessRequest {
+        id: "ie1".into(),
+        exec_id: "long".into(),
+        spec: protobuf::MessageField::some(any),
+        ..Default::default()
+    };
+    client.exec(ctx(), &exec).await.unwrap();
+    start(&client, "ie1", "long").await;
+    let (init, exec) = tokio::join!(wait(&client, "ie1", ""), wait(&client, "ie1", "long"));
+    assert_eq!(init, 3);
+    assert_eq!(exec, 137, "the exec dies with the container's pid namespace");
+    let kill = KillRequest {
+        id: "ie1".into(),
+        signal: 9,
+        ..Default::default()
+    };
+    client.kill(ctx(), &kill).await.unwrap();
+    crio_remove(&client, "ie1").await;
+    assert_clean(env, &ns);
+}
