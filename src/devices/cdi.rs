@@ -1,95 +1,21 @@
 //! Loading CDI spec directories and resolving requested devices to edits.
 //!
-//! Parsing uses the `container-device-interface` crate's
-//! `specs::config::Spec` serde types (JSON or YAML); `cdi_check`
-//! applies CDI's semantic checks (version, names, annotations, edits). Its
-//! `Cache` is not used: it prints, resolves same-directory conflicts by
-//! silently dropping the device, and its edits do not dedup or honour
-//! `dev_root`. Because the crate keeps most spec fields `pub(crate)`, a
-//! validated spec is re-read through serde into the mirror types below.
+//! Parsing uses gantry's own serde types for the CDI format ([`super::cdi_spec`], JSON or
+//! YAML); `cdi_check` applies CDI's semantic checks (version, names, annotations, edits), as
+//! Go's `cdi.Cache` does for containerd and CRI-O; resolution here dedups edits and honours
+//! `dev_root`.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use container_device_interface::specs::config::Spec as CdiSpec;
 use oci_spec::runtime::{Hook, LinuxDeviceType, Mount};
-use serde::Deserialize;
 
+pub(crate) use super::cdi_spec::{RawDevice, RawEdits, RawNode};
 use super::discover::{host_path, stat_node};
 use super::edits::{EditSet, HookEdit, HookStage, NodeEdit};
 use super::request::QualifiedName;
 use super::DeviceError;
-
-/// A spec read through serde: the crate keeps its own fields `pub(crate)`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct RawSpec {
-    pub(super) cdi_version: String,
-    pub(super) kind: String,
-    #[serde(default)]
-    pub(super) annotations: BTreeMap<String, String>,
-    pub(super) devices: Vec<RawDevice>,
-    pub(super) container_edits: Option<RawEdits>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct RawDevice {
-    pub(super) name: String,
-    #[serde(default)]
-    pub(super) annotations: BTreeMap<String, String>,
-    #[serde(default)]
-    pub(super) container_edits: RawEdits,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct RawEdits {
-    pub(super) env: Option<Vec<String>>,
-    pub(super) device_nodes: Option<Vec<RawNode>>,
-    pub(super) hooks: Option<Vec<RawHook>>,
-    pub(super) mounts: Option<Vec<RawMount>>,
-    pub(super) additional_gids: Option<Vec<u32>>,
-    pub(super) net_devices: Option<serde_json::Value>,
-    pub(super) intel_rdt: Option<serde_json::Value>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct RawNode {
-    pub(super) path: String,
-    host_path: Option<String>,
-    #[serde(rename = "type")]
-    pub(super) typ: Option<String>,
-    major: Option<i64>,
-    minor: Option<i64>,
-    file_mode: Option<u32>,
-    pub(super) permissions: Option<String>,
-    uid: Option<u32>,
-    gid: Option<u32>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct RawMount {
-    pub(super) host_path: String,
-    pub(super) container_path: String,
-    #[serde(rename = "type")]
-    typ: Option<String>,
-    options: Option<Vec<String>>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct RawHook {
-    pub(super) hook_name: String,
-    pub(super) path: String,
-    args: Option<Vec<String>>,
-    pub(super) env: Option<Vec<String>>,
-    timeout: Option<i64>,
-}
 
 /// One valid spec file.
 #[derive(Debug, Clone)]
@@ -267,13 +193,8 @@ fn load_file(path: &Path, priority: usize) -> Result<LoadedSpec, Broken> {
         .extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| e.eq_ignore_ascii_case("json"));
-    let raw: CdiSpec = if json {
-        serde_json::from_slice(&data).map_err(|e| malformed(e.to_string()))?
-    } else {
-        serde_yaml::from_slice(&data).map_err(|e| malformed(e.to_string()))?
-    };
-    let spec = mirror(&raw).map_err(malformed)?;
-    super::cdi_check::check(&raw, &spec).map_err(malformed)?;
+    let spec = super::cdi_spec::parse(&data, json).map_err(malformed)?;
+    super::cdi_check::check(&spec).map_err(malformed)?;
     Ok(LoadedSpec {
         path: pathbuf,
         priority,
@@ -281,13 +202,6 @@ fn load_file(path: &Path, priority: usize) -> Result<LoadedSpec, Broken> {
         devices: spec.devices,
         edits: spec.container_edits,
     })
-}
-
-/// The crate's parsed spec re-read into [`RawSpec`].
-pub(super) fn mirror(raw: &CdiSpec) -> Result<RawSpec, String> {
-    serde_json::to_value(raw)
-        .and_then(serde_json::from_value)
-        .map_err(|e| e.to_string())
 }
 
 /// Turns a spec's or device's edits into an [`EditSet`], reading host nodes

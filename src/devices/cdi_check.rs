@@ -2,29 +2,23 @@
 //! annotations and container edits, as Go's `cdi.Cache` applies them for
 //! containerd and CRI-O (which run no JSON-schema pass by default).
 //!
-//! The crate's `spec::new_spec` runs these too, but always adds a JSON-schema
-//! pass whose dependencies (jsonschema, regex, reqwest, rustls, aws-lc) made
-//! up half of the shim's code: every daemon maps its text, so that cost was
-//! paid per pod. serde's typed parse already rejects wrongly shaped specs.
+//! No JSON-schema pass (the Rust CDI crate's always adds one, whose dependencies were half of
+//! the shim's code): serde's typed parse already rejects wrongly shaped specs.
 
 use std::collections::{BTreeMap, HashSet};
 
-use container_device_interface::specs::config::Spec as CdiSpec;
-use container_device_interface::version::{minimum_required_version, VersionWrapper, VALID_SPEC_VERSIONS};
-
-use super::cdi::{RawEdits, RawSpec};
+use super::cdi_spec::{parse_version, required_version, RawEdits, RawSpec, VERSIONS};
 
 /// Kubernetes' limit on all annotations of one object, which CDI reuses.
 const ANNOTATIONS_SIZE_LIMIT: usize = 256 * 1024;
 
-/// Checks a parsed spec (`raw`, the crate's type, for its version rules; `s`, the same spec
-/// read into this module's mirror); the error says what is wrong and where.
-pub(super) fn check(raw: &CdiSpec, s: &RawSpec) -> Result<(), String> {
-    if !VALID_SPEC_VERSIONS.is_valid_version(&s.cdi_version) {
-        return Err(format!("invalid cdiVersion {:?}", s.cdi_version));
-    }
-    let needed = minimum_required_version(raw).map_err(|e| format!("{e:#}"))?;
-    if needed.is_greater_than(&VersionWrapper::new(&s.cdi_version)) {
+/// Checks a parsed spec; the error says what is wrong and where.
+pub(super) fn check(s: &RawSpec) -> Result<(), String> {
+    let declared = parse_version(&s.cdi_version)
+        .filter(|d| VERSIONS.iter().any(|(v, _)| parse_version(v) == Some(*d)))
+        .ok_or_else(|| format!("invalid cdiVersion {:?}", s.cdi_version))?;
+    let needed = required_version(s);
+    if parse_version(needed).is_some_and(|n| n > declared) {
         return Err(format!(
             "cdiVersion {} is too old for the fields used: needs at least {needed}",
             s.cdi_version
@@ -128,10 +122,7 @@ impl RawEdits {
             && self.mounts.as_ref().is_none_or(Vec::is_empty)
             && self.additional_gids.as_ref().is_none_or(Vec::is_empty)
             && self.intel_rdt.is_none()
-            && self
-                .net_devices
-                .as_ref()
-                .is_none_or(|v| v.as_array().is_none_or(Vec::is_empty))
+            && self.net_devices.as_ref().is_none_or(Vec::is_empty)
     }
 }
 
@@ -190,8 +181,7 @@ mod tests {
     use super::*;
 
     fn check_json(json: &str) -> Result<(), String> {
-        let raw: CdiSpec = serde_json::from_str(json).expect("spec parses");
-        check(&raw, &super::super::cdi::mirror(&raw).expect("mirrors"))
+        check(&super::super::cdi_spec::parse(json.as_bytes(), true).expect("spec parses"))
     }
 
     fn spec_with(kind: &str, device: &str, edits: &str) -> String {

@@ -16,6 +16,7 @@
 
 mod cdi;
 mod cdi_check;
+mod cdi_spec;
 mod config;
 pub mod discover;
 pub mod edits;

@@ -1,9 +1,7 @@
 //! Collecting device requests from the spec and the config (pure).
 //!
-//! Qualified-name parsing follows the CDI rules; it is re-implemented here
-//! because the `container-device-interface` crate keeps its parser
-//! `pub(crate)` and its `parse_annotations` prints to stdout, which a shim
-//! must never do.
+//! Qualified-name parsing follows the CDI rules, in-tree like the rest of
+//! gantry's CDI support (see `cdi_spec`).
 
 use std::collections::HashMap;
 use std::fmt;
