@@ -224,8 +224,10 @@ fn daemon_at(proc_dir: &Path, name: &str) -> Option<DaemonInfo> {
     }
     let cmdline = std::fs::read(proc_dir.join("cmdline")).ok()?;
     let words: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    // Daemons show `serve` (or no action word); the rest are short-lived actions.
     let other_action = [
         &b"metrics"[..],
+        b"start",
         b"delete",
         b"check-config",
         b"features",
