@@ -190,7 +190,13 @@ impl Config {
             return Err(Config::invalid(path, find("socket_dir"), "shim.socket_dir".into(), msg));
         }
         if let Some((key, msg)) = self.events.problem() {
-            return Err(Config::invalid(path, find(key), format!("events.{key}"), msg));
+            // "log " and not "log": `log_level` of [shim] starts with it too.
+            return Err(Config::invalid(
+                path,
+                find(&format!("{key} ")),
+                format!("events.{key}"),
+                msg,
+            ));
         }
         Ok(self)
     }

@@ -192,7 +192,9 @@ impl TaskService {
             publish_ooms(&publisher, &c);
             let info = c.init_exited(exit).await;
             publisher.publish(exit_event(&c.id, &c.id, info));
-            telemetry.exited(&c.id, None, info.pid, info.status, c.oom_killed());
+            // As for CRI-O's marker: an OOM kill counts when it ended init with a failure.
+            let oom = c.oom_killed() && info.status != 0;
+            telemetry.exited(&c.id, None, info.pid, info.status, oom);
         });
     }
 

@@ -135,13 +135,12 @@ impl EventLog {
                     });
                 }
             }
-            let opened = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .mode(0o640)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-                .open(&self.path)
-                .and_then(|f| f.metadata().map(|m| (f, m.ino())));
+            let opened = match open_append(&self.path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && make_parent(&self.path) => {
+                    open_append(&self.path)
+                }
+                other => other,
+            };
             match opened {
                 Ok(f) => {
                     self.failed_at = None;
@@ -201,6 +200,28 @@ impl EventLog {
         }
         self.file = None;
     }
+}
+
+fn open_append(path: &Path) -> std::io::Result<(File, u64)> {
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+        .and_then(|f| f.metadata().map(|m| (f, m.ino())))
+}
+
+/// Creates the log's directory (mode 0750) when only that last level is missing, as for the
+/// default `/var/log/gantry`; a path missing more than that is a typo, not a log to create.
+fn make_parent(path: &Path) -> bool {
+    use std::os::unix::fs::DirBuilderExt;
+    let Some(dir) = path.parent() else { return false };
+    if !dir.parent().is_some_and(Path::is_dir) {
+        return false;
+    }
+    let made = std::fs::DirBuilder::new().mode(0o750).create(dir);
+    made.is_ok() || dir.is_dir()
 }
 
 /// One `write(2)`, retried only when interrupted before writing anything.

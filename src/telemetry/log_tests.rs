@@ -124,12 +124,17 @@ fn concurrent_writers_rotating_lose_no_line() {
 #[test]
 fn missing_directory_fails_then_recovers() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("not-yet").join("events.jsonl");
+    // The last level alone is created (as /var/log/gantry is)...
+    let one = dir.path().join("gantry").join("events.jsonl");
+    EventLog::new(&one, 1 << 20, 1).append(b"{}\n").unwrap();
+    assert_eq!(std::fs::read_to_string(&one).unwrap(), "{}\n");
+    // ...a path missing more than that is not.
+    let path = dir.path().join("not-yet").join("deeper").join("events.jsonl");
     let mut log = EventLog::new(&path, 1 << 20, 1);
     assert!(matches!(log.append(b"x\n"), Err(LogError::Open { .. })));
     // Retried at most once per backoff interval.
     assert!(matches!(log.append(b"x\n"), Err(LogError::Deferred { .. })));
-    std::fs::create_dir(path.parent().unwrap()).unwrap();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::thread::sleep(REOPEN_BACKOFF + Duration::from_millis(50));
     log.append(b"{}\n").unwrap();
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "{}\n");

@@ -63,3 +63,24 @@ impl EventsConfig {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::Config;
+
+    #[test]
+    fn events_section_is_read_and_checked() {
+        let c = Config::parse(Path::new("f"), "[events]\nlog = \"\"\nkeep = 5\n").unwrap();
+        assert!(c.events.log.as_os_str().is_empty());
+        assert_eq!((c.events.keep, c.events.max_bytes), (5, 16 * 1024 * 1024));
+        let text = "[shim]\nlog_level = \"info\"\n[events]\nlog = \"relative/x.jsonl\"\n";
+        let e = Config::parse(Path::new("f"), text).unwrap_err().to_string();
+        assert!(e.contains("events.log") && e.contains("line 4"), "{e}");
+        let e = Config::parse(Path::new("f"), "[events]\nmax_bytes = 10\n").unwrap_err();
+        assert!(e.to_string().contains("events.max_bytes"), "{e}");
+        let e = Config::parse(Path::new("f"), "[events]\nkeep = 0\n").unwrap_err();
+        assert!(e.to_string().contains("events.keep"), "{e}");
+    }
+}
