@@ -185,6 +185,9 @@ async fn drain(mut rx: mpsc::Receiver<Msg>, writer: EventLog, dropped: Arc<Atomi
         log,
     };
     while let Some(msg) = rx.recv().await {
+        // Behind whatever else is ready: the request that sent this record answers its
+        // client first, and the file work happens after.
+        tokio::task::yield_now().await;
         match msg {
             Msg::Record(r, bundle) => d.handle(*r, bundle),
             Msg::Flush(done) => {
