@@ -95,7 +95,8 @@ impl Telemetry {
                 kind,
                 Kind::Exit | Kind::RuntimeError | Kind::Policy | Kind::DevicesInjected
             ) {
-                r.duration_ms = Some(req.started.elapsed().as_secs_f64() * 1000.0);
+                // Whole microseconds: readable lines, no float noise.
+                r.duration_ms = Some(req.started.elapsed().as_micros() as f64 / 1000.0);
             }
         }
         fill(&mut r);
