@@ -328,3 +328,24 @@ fn exporter_counters_survive_the_daemons_that_counted() {
     assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
     assert_clean(env, &ns);
 }
+
+/// A log gantry cannot write (its directory cannot be made) costs containers nothing: they run
+/// and exit as usual, and the daemon says so once, not once per event.
+#[test]
+fn an_unwritable_log_never_affects_containers() {
+    let env = env();
+    let ns = env.namespace_with("mx-unwritable", "[events]\nlog = \"/proc/gantry-none/events.jsonl\"\n");
+    for id in ["u1", "u2"] {
+        let o = env.ctr_run(&ns, id, &[], &["sh", "-c", "exit 7"]);
+        assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    }
+    assert_clean(env, &ns);
+    daemons_gone(&ns);
+    // containerd copies each daemon's log lines into its own log.
+    let cd_log = std::fs::read_to_string(env.dir.join("containerd.log")).unwrap();
+    let warnings = cd_log
+        .lines()
+        .filter(|l| l.contains(&ns.name) && l.contains("event log not writable"))
+        .count();
+    assert_eq!(warnings, 2, "one warning per daemon (two containers, two daemons)");
+}

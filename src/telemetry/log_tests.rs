@@ -192,3 +192,53 @@ fn read_only_file_is_an_error_not_a_panic() {
     let e = log.append(b"{}\n").unwrap_err();
     assert!(e.to_string().contains("Read-only"), "{e}");
 }
+
+/// Set in the child processes of [`separate_processes_rotating_lose_no_line`].
+const WRITER_ENV: &str = "GANTRY_TEST_LOG_WRITER";
+
+/// Not a test of its own: the body of one writer process (a no-op unless [`WRITER_ENV`] is set).
+#[test]
+fn writer_process() {
+    let Ok(spec) = std::env::var(WRITER_ENV) else { return };
+    let mut parts = spec.splitn(3, ':');
+    let (w, n, path) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+    let n: usize = n.parse().unwrap();
+    let mut log = EventLog::new(Path::new(path), 4096, 100);
+    for i in 0..n {
+        let line = format!("{{\"w\":{w},\"i\":{i},\"pad\":\"{}\"}}\n", "x".repeat(i % 61));
+        log.append(line.as_bytes()).unwrap();
+    }
+}
+
+/// Daemons are processes: three of them flood one small log, each rotating when it sees the
+/// file full; every line is found whole, exactly once.
+#[test]
+fn separate_processes_rotating_lose_no_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.jsonl");
+    let (writers, per_writer) = (3u64, 3000u64);
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..writers)
+        .map(|w| {
+            std::process::Command::new(&exe)
+                .args(["--exact", "telemetry::log::tests::writer_process", "--test-threads=1"])
+                .env(WRITER_ENV, format!("{w}:{per_writer}:{}", path.display()))
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let mut seen = HashSet::new();
+    for l in lines_of(&path, 100) {
+        let v: serde_json::Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("split line {l:?}: {e}"));
+        assert!(
+            seen.insert((v["w"].as_u64().unwrap(), v["i"].as_u64().unwrap())),
+            "twice: {l}"
+        );
+    }
+    assert_eq!(seen.len() as u64, writers * per_writer);
+    assert!(rotated(&path, 20).exists(), "the flood did not rotate much");
+}
