@@ -104,11 +104,18 @@ fn zombies() -> i64 {
     let me = std::process::id() as i32;
     let mut procs = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
         let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let Some((head, rest)) = stat.rsplit_once(')') else { continue };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
         let mut f = rest.split_whitespace();
-        let (state, ppid) = (f.next().unwrap_or(""), f.next().and_then(|p| p.parse::<i32>().ok()).unwrap_or(0));
+        let (state, ppid) = (
+            f.next().unwrap_or(""),
+            f.next().and_then(|p| p.parse::<i32>().ok()).unwrap_or(0),
+        );
         let gantry = head.ends_with("containerd-shim");
         procs.push((pid, state == "Z", ppid, gantry));
     }

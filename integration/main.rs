@@ -11,6 +11,7 @@ mod faults;
 mod gpu;
 mod install;
 mod lifecycle;
+mod metrics;
 mod stats_oom;
 mod task_api;
 mod trust;

@@ -16,7 +16,9 @@
 #   - the shims alone, without containerd: examples/shim_driver.rs starts each shim as containerd
 #     does and times start → Create → Start → Wait → Delete → Shutdown until the daemon exits,
 #     and the shim's CPU time for that lifecycle (`start` process + daemon, user + system); the
-#     OCI runtime alone on the same container is timed too, as the floor under any shim.
+#     OCI runtime alone on the same container is timed too, as the floor under any shim;
+#   - the event log's cost: gantry's Create RPC p50 with the event log off against on (with
+#     `metrics --listen` running and scraped meanwhile), interleaved, through the same driver.
 # Prints one table (metric, Go shim, gantry, ratio gantry/Go, target) and writes it as JSON
 # (default target/bench/results.json). --quick runs a few of each (the CI smoke mode); targets
 # are reported, never enforced: the exit status is non-zero only when something breaks.
@@ -174,8 +176,12 @@ socket_dir = "$work/s"
 [runtime]
 binary = "$rt"
 root = "$work/rt"
+[events]
+log = "$work/events/events.jsonl"
 TOML
 done
+# The same without the event log, for the event-log cost phase.
+sed 's|^log = .*|log = ""|' "$work/gantry-runc.toml" >"$work/gantry-runc-off.toml"
 private_containerd_config "$work" "$sock"
 PATH="$rel:$PATH" GANTRY_CONFIG="$work/gantry-runc.toml" \
   containerd --config "$work/containerd.toml" >"$work/containerd.log" 2>&1 &
@@ -380,6 +386,30 @@ for rt in "${RUNTIMES[@]}"; do
   done <"$work/drv-$rt.tsv"
 done
 
+phase "event log cost: gantry Create RPC with the event log off and on (exporter scraped), $N_DRV each"
+# Two names for the same binary, differing only in the config their daemons read.
+for v in off on; do
+  conf="$work/gantry-runc.toml"; [ "$v" = off ] && conf="$work/gantry-runc-off.toml"
+  printf '#!/bin/sh\nGANTRY_CONFIG=%s exec %s "$@"\n' "$conf" "$gantry_bin" >"$work/gantry-events-$v"
+  chmod +x "$work/gantry-events-$v"
+done
+"$gantry_bin" metrics --listen 127.0.0.1:0 --log "$work/events/events.jsonl" 2>"$work/exporter.log" &
+exp_pid=$!
+sleep 0.3
+exp_addr=$(sed -n 's|.*http://\([^/]*\)/metrics.*|\1|p' "$work/exporter.log")
+( while kill -0 "$exp_pid" 2>/dev/null; do
+    exec 3<>"/dev/tcp/${exp_addr%:*}/${exp_addr##*:}" && printf 'GET /metrics HTTP/1.1\r\n\r\n' >&3 && cat <&3 >/dev/null
+    exec 3>&-; sleep 0.2
+  done ) 2>/dev/null &
+scrape_pid=$!
+"$driver" --shim "off=$work/gantry-events-off" --shim "on=$work/gantry-events-on" \
+  --rootfs "$work/image/rootfs" --workdir "$work/drv-events" \
+  --address "$sock" --ttrpc-address "$sock.ttrpc" --namespace "$ns-drv" \
+  --runs "$N_DRV" --summary "$work/drv-events.tsv" >/dev/null
+created_counted=$("$gantry_bin" metrics --log "$work/events/events.jsonl" | awk '/^gantry_containers_created_total/ { s += $2 } END { print s + 0 }')
+kill "$exp_pid" "$scrape_pid" 2>/dev/null || true
+wait "$exp_pid" "$scrape_pid" 2>/dev/null || true
+
 # ---- the table and the JSON ----------------------------------------------------------------
 # KEY|LABEL|UNIT|TARGET   (TARGET: r<=X or r>=X on the ratio gantry/Go, a<=X on gantry's value)
 rows=()
@@ -471,6 +501,11 @@ for rt in "${RUNTIMES[@]}"; do
           printf "reference, ctr run --rm with a zero-cost shim on %s: about %.1f ms = %.2fx the Go shim'"'"'s (containerd and ctr: %.1f ms)\n",
             rt, z, z / c["go"], c["gantry"] - l["gantry"] }' "$work/results.tsv"
 done
+# The event log's cost on the request path (target: Create p50 within 0.5 ms of off).
+awk -F'\t' -v created="$created_counted" '$2 == "create_p50" { v[$1] = $3 }
+  END { d = v["on"] - v["off"]
+        printf "event log + exporter: Create RPC p50 (driver, runc) off %.3f ms, on %.3f ms, %+.3f ms  target <= +0.5 ms  %s (%d creates counted by the exporter)\n",
+          v["off"], v["on"], d, (d <= 0.5 ? "pass" : "MISS"), created }' "$work/drv-events.tsv"
 phase "done"
 echo "date: $when; gantry $rev; mode: $([ "$quick" = 1 ] && echo quick || echo full)"
 echo "results: $out"

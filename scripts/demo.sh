@@ -38,6 +38,8 @@ socket_dir = "$work/s"
 log_level = "debug"
 [runtime]
 root = "$work/rt"
+[events]
+log = "$work/events/events.jsonl"
 TOML
 private_containerd_config "$work" "$work/containerd.sock"
 echo "== starting a private containerd ($(containerd --version | awk '{print $3}'))"
@@ -62,6 +64,12 @@ echo "== task events seen by containerd"
 grep -E '/tasks/' "$work/events.log" | sed -E 's/^[0-9-]+ [0-9:.]+ [+0-9]+ UTC //' || true
 echo "== gantry daemon log lines (from the bundle's log FIFO, via containerd's log)"
 grep '^{"msg"' "$work/containerd.log" | sed -E 's/"time":"[^"]*",//; s/,"runtime":"io.containerd.gantry.v2"//; s/^/  /' | head -20 || true
+echo "== gantry's event log (what a CRI-O node gets instead of containerd events)"
+sed -E 's/^/  /' "$work/events/events.jsonl" 2>/dev/null | head -8 || true
+echo "== a few of the node's metrics (containerd-shim-gantry-v2 metrics --log ...)"
+"$bin/containerd-shim-gantry-v2" metrics --log "$work/events/events.jsonl" |
+  grep -E '^gantry_(containers_created_total|containers_started_total|exits_total|request_duration_seconds_count|build_info)' |
+  sed -E 's/^/  /' || true
 left=$(ls "$work/s" 2>/dev/null | wc -l)
 echo "== after the run: $left daemon sockets left, $(pgrep -fc "containerd-shim-gantry-v2.*$work" || true) gantry processes left"
 [ "$status" = 3 ] && echo "demo OK" || { echo "demo FAILED"; exit 1; }

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what gantry's build, demo and tests need on a fresh Debian machine, skipping what is
 # already there: containerd 1.6, runc, crun, criu, busybox-static, protoc (for the CRI test
-# client), script (tty tests), libseccomp-dev.
+# client), script (tty tests), libseccomp-dev, promtool (Debian's prometheus package: the
+# metrics tests check the exporter's output with `promtool check metrics`).
 set -euo pipefail
 
 need=()
 for pair in containerd:containerd ctr:containerd runc:runc crun:crun criu:criu \
-            busybox:busybox-static pkg-config:pkg-config protoc:protobuf-compiler script:bsdutils; do
+            busybox:busybox-static pkg-config:pkg-config protoc:protobuf-compiler script:bsdutils promtool:prometheus; do
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
@@ -21,6 +22,10 @@ if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need[@]}" >/dev/null
+  # Only promtool is wanted from the prometheus package, not a server on the machine.
+  if printf '%s\n' "${need[@]}" | grep -qx prometheus; then
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
 fi
 if ! command -v cargo >/dev/null 2>&1; then
   echo "deps: cargo not found; install a Rust toolchain (rustup) first" >&2

@@ -19,6 +19,7 @@ pub struct Config {
     pub shim: ShimConfig,
     pub runtime: RuntimeConfig,
     pub devices: DeviceConfig,
+    pub events: crate::telemetry::EventsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -187,6 +188,15 @@ impl Config {
         if !self.shim.socket_dir.is_absolute() {
             let msg = "must be an absolute path".to_string();
             return Err(Config::invalid(path, find("socket_dir"), "shim.socket_dir".into(), msg));
+        }
+        if let Some((key, msg)) = self.events.problem() {
+            // "log " and not "log": `log_level` of [shim] starts with it too.
+            return Err(Config::invalid(
+                path,
+                find(&format!("{key} ")),
+                format!("events.{key}"),
+                msg,
+            ));
         }
         Ok(self)
     }

@@ -291,6 +291,11 @@ impl Container {
         }))
     }
 
+    /// Whether the kernel OOM-killed anything in the container so far.
+    pub fn oom_killed(&self) -> bool {
+        self.oom_killed.load(Ordering::SeqCst)
+    }
+
     /// New OOM kills since the last call, per the kernel's counter (each becomes a TaskOOM).
     pub fn take_new_ooms(&self) -> u64 {
         let Some(cg) = &self.cgroup else { return 0 };

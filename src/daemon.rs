@@ -17,6 +17,7 @@ use crate::logging;
 use crate::peer::SameUserListener;
 use crate::reaper::{self, Reaper};
 use crate::service::{services, Service, TaskService};
+use crate::telemetry::{EventsConfig, Telemetry};
 
 #[derive(Debug, Error)]
 pub enum DaemonError {
@@ -56,7 +57,7 @@ pub fn serve(flags: &Flags, config: Config) -> Result<(), DaemonError> {
         .build()
         .map_err(DaemonError::Tokio)?;
     let socket = PathBuf::from(&flags.socket);
-    let result = rt.block_on(run(flags, socket.clone(), log.clone()));
+    let result = rt.block_on(run(flags, socket.clone(), log.clone(), &config.events));
     if !flags.socket.is_empty() {
         let _ = std::fs::remove_file(&socket);
     }
@@ -64,7 +65,7 @@ pub fn serve(flags: &Flags, config: Config) -> Result<(), DaemonError> {
     result
 }
 
-async fn run(flags: &Flags, socket: PathBuf, log: Logger) -> Result<(), DaemonError> {
+async fn run(flags: &Flags, socket: PathBuf, log: Logger, events: &EventsConfig) -> Result<(), DaemonError> {
     let reaper = Reaper::default();
     reaper.start().map_err(DaemonError::Signals)?;
     let address = std::env::var("TTRPC_ADDRESS").unwrap_or_default();
@@ -74,13 +75,11 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger) -> Result<(), DaemonEr
         .parent()
         .map(|p| p.to_path_buf())
         .unwrap_or_else(|| PathBuf::from("/run/gantry/s"));
-    let task = Arc::new(TaskService::new(
-        publisher,
-        reaper,
-        &flags.namespace,
-        console_dir,
-        log.clone(),
-    ));
+    let telemetry = Telemetry::start(events, &flags.namespace, log.clone());
+    let task = Arc::new(
+        TaskService::new(publisher, reaper, &flags.namespace, console_dir, log.clone())
+            .with_telemetry(telemetry.clone()),
+    );
     let shutdown = task.shutdown.clone();
 
     // SAFETY: `start` handed us this bound socket as fd 3; nothing else owns it.
@@ -116,6 +115,7 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger) -> Result<(), DaemonEr
     // No new `start` may find this daemon from here on: it hands out a fresh one instead.
     let _ = std::fs::remove_file(&socket);
     flusher.flush(std::time::Duration::from_secs(3)).await;
+    telemetry.flush(std::time::Duration::from_secs(1)).await;
     let _ = server.shutdown().await;
     Ok(())
 }

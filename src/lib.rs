@@ -23,3 +23,4 @@ pub mod runtime;
 pub mod service;
 pub mod spec;
 pub mod sys;
+pub mod telemetry;

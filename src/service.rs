@@ -32,6 +32,8 @@ use crate::io::{IoError, StdioPaths};
 use crate::process::{ExitInfo, Status};
 use crate::reaper::Reaper;
 use crate::runtime::RuntimeError;
+use crate::telemetry::trace::Request;
+use crate::telemetry::{Kind, Telemetry};
 
 /// Maps an error to the ttrpc status clients act on (NOT_FOUND, ALREADY_EXISTS, ...).
 pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
@@ -68,6 +70,8 @@ pub struct TaskService {
     /// Ids whose Create is in flight (a duplicate must fail at once, not race).
     creating: InFlight,
     publisher: Publisher,
+    /// The node's event log (CRI-O reads no events; this is what it gets).
+    telemetry: Telemetry,
     reaper: Reaper,
     namespace: String,
     console_dir: PathBuf,
@@ -84,12 +88,23 @@ impl TaskService {
             containers: Mutex::default(),
             creating: InFlight::default(),
             publisher,
+            telemetry: Telemetry::off(),
             reaper,
             namespace: namespace.to_string(),
             console_dir,
             log,
             shutdown: Arc::new(Notify::new()),
         }
+    }
+
+    /// Writes lifecycle events into the event log as well.
+    pub fn with_telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = telemetry;
+        self
+    }
+
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
     }
 
     fn containers(&self) -> MutexGuard<'_, HashMap<String, Arc<Container>>> {
@@ -109,7 +124,11 @@ impl TaskService {
     }
 
     fn fail(&self, rpc: &str, id: &str, e: TaskError) -> ttrpc::Error {
-        warn!(self.log, "request failed"; "rpc" => rpc, "id" => id, "error" => %e);
+        let trace = Request::current().and_then(|r| r.traceparent).unwrap_or_default();
+        warn!(self.log, "request failed"; "rpc" => rpc, "id" => id, "error" => %e, "traceparent" => trace);
+        if let TaskError::Runtime(r) = &e {
+            self.telemetry.runtime_error(rpc, id, r);
+        }
         to_ttrpc(&e)
     }
 
@@ -153,6 +172,7 @@ impl TaskService {
             pid: pid as u32,
             ..Default::default()
         }));
+        self.telemetry.created(&id, PathBuf::from(&req.bundle), pid);
         self.monitor_init(container);
         Ok(CreateTaskResponse {
             pid: pid as u32,
@@ -166,6 +186,7 @@ impl TaskService {
         self.monitor_oom(c.clone());
         let Some(rx) = c.take_init_exit() else { return };
         let publisher = self.publisher.clone();
+        let telemetry = self.telemetry.clone();
         tokio::spawn(async move {
             let Ok(exit) = rx.await else { return };
             // An init that exits while Start is in flight is reported after TaskStart.
@@ -173,6 +194,9 @@ impl TaskService {
             publish_ooms(&publisher, &c);
             let info = c.init_exited(exit).await;
             publisher.publish(exit_event(&c.id, &c.id, info));
+            // As for CRI-O's marker: an OOM kill counts when it ended init with a failure.
+            let oom = c.oom_killed() && info.status != 0;
+            telemetry.exited(&c.id, None, info.pid, info.status, oom);
         });
     }
 
@@ -209,6 +233,7 @@ impl TaskService {
         rx: tokio::sync::oneshot::Receiver<crate::reaper::Exit>,
     ) {
         let publisher = self.publisher.clone();
+        let telemetry = self.telemetry.clone();
         tokio::spawn(async move {
             let Ok(exit) = rx.await else { return };
             let Ok(p) = c.process(&exec_id) else { return };
@@ -221,6 +246,7 @@ impl TaskService {
             p.set_exited(info);
             debug!(c.log, "exec exited"; "exec_id" => &exec_id, "status" => exit.status);
             publisher.publish(exit_event(&c.id, &exec_id, info));
+            telemetry.exited(&c.id, Some(&exec_id), info.pid, info.status, false);
         });
     }
 
@@ -234,6 +260,7 @@ impl TaskService {
                 pid: pid as u32,
                 ..Default::default()
             }));
+            self.telemetry.emit(Kind::Start, &c.id, |r| r.pid = Some(pid as u32));
             pid
         } else {
             let (p, rx) = c.start_exec(&req.exec_id).await?;
@@ -244,6 +271,10 @@ impl TaskService {
                 pid: pid as u32,
                 ..Default::default()
             }));
+            self.telemetry.emit(Kind::ExecStarted, &c.id, |r| {
+                r.exec_id = Some(req.exec_id.clone());
+                r.pid = Some(pid as u32);
+            });
             self.monitor_exec(c.clone(), req.exec_id.clone(), rx);
             pid
         };
@@ -273,6 +304,11 @@ impl TaskService {
         } else {
             c.delete_exec(&req.exec_id).await?
         };
+        self.telemetry.emit(Kind::Delete, &c.id, |r| {
+            r.exec_id = (!req.exec_id.is_empty()).then(|| req.exec_id.clone());
+            r.pid = Some(exit.pid as u32);
+            r.exit_code = Some(exit.status);
+        });
         Ok(DeleteResponse {
             pid: exit.pid as u32,
             exit_status: exit.status,
@@ -323,6 +359,8 @@ impl TaskService {
             exec_id: req.exec_id.clone(),
             ..Default::default()
         }));
+        self.telemetry
+            .emit(Kind::ExecAdded, &c.id, |r| r.exec_id = Some(req.exec_id.clone()));
         Ok(())
     }
 }
@@ -392,6 +430,7 @@ impl Service {
     /// half-done (a runtime call without its cleanup, a container created but never recorded).
     async fn detached<T, F>(
         &self,
+        ctx: &TtrpcContext,
         rpc: &'static str,
         id: String,
         work: impl FnOnce(Arc<TaskService>) -> F,
@@ -403,11 +442,13 @@ impl Service {
         let svc = self.0.clone();
         let log_id = id.clone();
         let work = work(self.0.clone());
-        let task = tokio::spawn(async move {
+        // The request's trace context and start time, for its events and failure line.
+        let request = Request::from_metadata(&ctx.metadata);
+        let task = tokio::spawn(request.scope(async move {
             let result = work.await;
             // Logged here, so a failure is on record even when the client has gone.
             result.map_err(|e| svc.fail(rpc, &log_id, e))
-        });
+        }));
         match task.await {
             Ok(result) => result,
             Err(e) => Err(self
@@ -419,24 +460,26 @@ impl Service {
 
 #[async_trait]
 impl Task for Service {
-    async fn create(&self, _: &TtrpcContext, req: CreateTaskRequest) -> TResult<CreateTaskResponse> {
-        info!(self.0.log, "create"; "id" => &req.id, "bundle" => &req.bundle, "terminal" => req.terminal);
+    async fn create(&self, ctx: &TtrpcContext, req: CreateTaskRequest) -> TResult<CreateTaskResponse> {
+        let trace = Request::from_metadata(&ctx.metadata).traceparent.unwrap_or_default();
+        info!(self.0.log, "create"; "id" => &req.id, "bundle" => &req.bundle, "terminal" => req.terminal,
+            "traceparent" => trace);
         let id = req.id.clone();
-        self.detached("create", id, |s| async move { s.do_create(req).await })
+        self.detached(ctx, "create", id, |s| async move { s.do_create(req).await })
             .await
     }
 
-    async fn start(&self, _: &TtrpcContext, req: StartRequest) -> TResult<StartResponse> {
+    async fn start(&self, ctx: &TtrpcContext, req: StartRequest) -> TResult<StartResponse> {
         debug!(self.0.log, "start"; "id" => &req.id, "exec_id" => &req.exec_id);
         let id = req.id.clone();
-        self.detached("start", id, |s| async move { s.do_start(req).await })
+        self.detached(ctx, "start", id, |s| async move { s.do_start(req).await })
             .await
     }
 
-    async fn delete(&self, _: &TtrpcContext, req: DeleteRequest) -> TResult<DeleteResponse> {
+    async fn delete(&self, ctx: &TtrpcContext, req: DeleteRequest) -> TResult<DeleteResponse> {
         debug!(self.0.log, "delete"; "id" => &req.id, "exec_id" => &req.exec_id);
         let id = req.id.clone();
-        self.detached("delete", id, |s| async move { s.do_delete(req).await })
+        self.detached(ctx, "delete", id, |s| async move { s.do_delete(req).await })
             .await
     }
 
@@ -458,10 +501,10 @@ impl Task for Service {
         })
     }
 
-    async fn kill(&self, _: &TtrpcContext, req: KillRequest) -> TResult<Empty> {
+    async fn kill(&self, ctx: &TtrpcContext, req: KillRequest) -> TResult<Empty> {
         debug!(self.0.log, "kill"; "id" => &req.id, "exec_id" => &req.exec_id, "signal" => req.signal, "all" => req.all);
         let id = req.id.clone();
-        self.detached("kill", id, |s| async move {
+        self.detached(ctx, "kill", id, |s| async move {
             let c = s.get(&req.id)?;
             c.kill(&req.exec_id, req.signal, req.all).await?;
             Ok(Empty::new())
@@ -469,11 +512,16 @@ impl Task for Service {
         .await
     }
 
-    async fn exec(&self, _: &TtrpcContext, req: ExecProcessRequest) -> TResult<Empty> {
+    async fn exec(&self, ctx: &TtrpcContext, req: ExecProcessRequest) -> TResult<Empty> {
         debug!(self.0.log, "exec"; "id" => &req.id, "exec_id" => &req.exec_id);
         let id = req.id.clone();
-        self.detached("exec", id, |s| async move { s.do_exec(&req).map(|_| Empty::new()) })
-            .await
+        self.detached(
+            ctx,
+            "exec",
+            id,
+            |s| async move { s.do_exec(&req).map(|_| Empty::new()) },
+        )
+        .await
     }
 
     async fn pids(&self, _: &TtrpcContext, req: PidsRequest) -> TResult<PidsResponse> {
@@ -519,43 +567,46 @@ impl Task for Service {
         Ok(Empty::new())
     }
 
-    async fn pause(&self, _: &TtrpcContext, req: PauseRequest) -> TResult<Empty> {
+    async fn pause(&self, ctx: &TtrpcContext, req: PauseRequest) -> TResult<Empty> {
         let id = req.id.clone();
-        self.detached("pause", id, |s| async move {
+        self.detached(ctx, "pause", id, |s| async move {
             let c = s.get(&req.id)?;
             c.pause().await?;
             s.publisher.publish(Event::Paused(TaskPaused {
                 container_id: c.id.clone(),
                 ..Default::default()
             }));
+            s.telemetry.emit(Kind::Paused, &c.id, |_| {});
             Ok(Empty::new())
         })
         .await
     }
 
-    async fn resume(&self, _: &TtrpcContext, req: ResumeRequest) -> TResult<Empty> {
+    async fn resume(&self, ctx: &TtrpcContext, req: ResumeRequest) -> TResult<Empty> {
         let id = req.id.clone();
-        self.detached("resume", id, |s| async move {
+        self.detached(ctx, "resume", id, |s| async move {
             let c = s.get(&req.id)?;
             c.resume().await?;
             s.publisher.publish(Event::Resumed(TaskResumed {
                 container_id: c.id.clone(),
                 ..Default::default()
             }));
+            s.telemetry.emit(Kind::Resumed, &c.id, |_| {});
             Ok(Empty::new())
         })
         .await
     }
 
-    async fn update(&self, _: &TtrpcContext, req: UpdateTaskRequest) -> TResult<Empty> {
+    async fn update(&self, ctx: &TtrpcContext, req: UpdateTaskRequest) -> TResult<Empty> {
         let id = req.id.clone();
-        self.detached("update", id, |s| async move {
+        self.detached(ctx, "update", id, |s| async move {
             let c = s.get(&req.id)?;
             let resources = req
                 .resources
                 .as_ref()
                 .ok_or_else(|| TaskError::InvalidArgument("update: no resources".into()))?;
             c.update(resources).await?;
+            s.telemetry.emit(Kind::Updated, &c.id, |_| {});
             Ok(Empty::new())
         })
         .await
@@ -570,9 +621,9 @@ impl Task for Service {
         })
     }
 
-    async fn checkpoint(&self, _: &TtrpcContext, req: CheckpointTaskRequest) -> TResult<Empty> {
+    async fn checkpoint(&self, ctx: &TtrpcContext, req: CheckpointTaskRequest) -> TResult<Empty> {
         let id = req.id.clone();
-        self.detached("checkpoint", id, |s| async move { s.do_checkpoint(req).await })
+        self.detached(ctx, "checkpoint", id, |s| async move { s.do_checkpoint(req).await })
             .await
     }
 
