@@ -45,7 +45,7 @@ fn connect_frame() -> Vec<u8> {
         service: "containerd.task.v2.Task".into(),
         method: "Connect".into(),
         payload: req.write_to_bytes().unwrap(),
-        timeout_nano: 5_000_000_000,
+        timeout_nano: 30_000_000_000,
         ..Default::default()
     };
     let payload = r.write_to_bytes().unwrap();
@@ -116,7 +116,7 @@ fn probe_as(uid: u32, sock: &Path) -> Probe {
                 events: libc::POLLIN,
                 revents: 0,
             };
-            if libc::poll(&mut pfd, 1, 5000) == 0 {
+            if libc::poll(&mut pfd, 1, 30_000) == 0 {
                 return report(libc::ETIMEDOUT);
             }
             let mut buf = [0u8; 64];
