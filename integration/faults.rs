@@ -259,3 +259,155 @@ async fn init_exits_while_an_exec_runs() {
     crio_remove(&client, "ie1").await;
     assert_clean(env, &ns);
 }
+
+/// A containerd of this test's own, which the test may stop and start again.
+struct OwnContainerd {
+    dir: PathBuf,
+    sock: PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl OwnContainerd {
+    fn new(ns: &Ns) -> Self {
+        let dir = ns.dir.join("own-containerd");
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("c.sock");
+        let config = format!(
+            "version = 2\nroot = {:?}\nstate = {:?}\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+             [grpc]\n  address = {:?}\n[ttrpc]\n  address = {:?}\n",
+            dir.join("root"),
+            dir.join("state"),
+            sock,
+            dir.join("c.sock.ttrpc"),
+        );
+        std::fs::write(dir.join("containerd.toml"), config).unwrap();
+        let mut c = Self { dir, sock, child: None };
+        c.start(ns);
+        c
+    }
+
+    fn start(&mut self, ns: &Ns) {
+        let shim_dir = Path::new(SHIM).parent().unwrap().to_path_buf();
+        let path = format!("{}:{}", shim_dir.display(), std::env::var("PATH").unwrap_or_default());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("containerd.log"))
+            .unwrap();
+        let child = Command::new("containerd")
+            .args(["--log-level", "debug", "--config"])
+            .arg(self.dir.join("containerd.toml"))
+            .env("PATH", path)
+            .env("GANTRY_CONFIG", &ns.config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        assert!(wait_until(Duration::from_secs(20), || self
+            .ctr(ns, &["version"])
+            .status
+            .success()));
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = c.wait();
+        }
+    }
+
+    fn ctr(&self, ns: &Ns, args: &[&str]) -> std::process::Output {
+        run(Command::new("ctr")
+            .arg("--address")
+            .arg(&self.sock)
+            .args(["-n", &ns.name])
+            .args(args))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for OwnContainerd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// containerd restarted while a container runs, which exits while containerd is down: the
+/// task is still listed and controllable afterwards, and the shim's retried TaskExit reaches
+/// the restarted containerd (its debug log shows the forwarded event).
+#[test]
+fn containerd_restart_while_containers_run() {
+    let env = env();
+    let ns = env.namespace("fault-restart");
+    let mut cd = OwnContainerd::new(&ns);
+    let o = cd.ctr(&ns, &["images", "import", env.image_tar.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let config = ns.config.to_str().unwrap();
+    let o = cd.ctr(
+        &ns,
+        &[
+            "run",
+            "-d",
+            "--runtime",
+            "io.containerd.gantry.v2",
+            "--runtime-config-path",
+            config,
+            crate::common::IMAGE,
+            "rs1",
+            "sleep",
+            "1000",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let ls = cd.ctr(&ns, &["task", "ls"]);
+    let pid: i32 = String::from_utf8_lossy(&ls.stdout)
+        .lines()
+        .find(|l| l.starts_with("rs1"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid: {}", text(&ls)));
+    cd.stop();
+    let before = cd.log().len();
+    sigkill(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    cd.start(&ns);
+    let forwarded = wait_until(Duration::from_secs(25), || {
+        let log = cd.log();
+        log[before..]
+            .lines()
+            .any(|l| l.contains("msg=\"event forwarded\"") && l.contains("topic=/tasks/exit"))
+    });
+    assert!(
+        forwarded,
+        "the TaskExit never reached the restarted containerd:\n{}",
+        &cd.log()[before..]
+    );
+    let ls = cd.ctr(&ns, &["task", "ls"]);
+    assert!(
+        String::from_utf8_lossy(&ls.stdout)
+            .lines()
+            .any(|l| l.starts_with("rs1") && l.contains("STOPPED")),
+        "{}",
+        text(&ls)
+    );
+    let o = cd.ctr(&ns, &["task", "delete", "rs1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = cd.ctr(&ns, &["container", "delete", "rs1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let bundles = cd.dir.join("state/io.containerd.runtime.v2.task").join(&ns.name);
+    assert!(wait_until(Duration::from_secs(10), || std::fs::read_dir(&bundles)
+        .map(|d| d.count() == 0)
+        .unwrap_or(true)));
+    assert!(wait_until(Duration::from_secs(10), || env
+        .shim_processes(&ns.name)
+        .is_empty()));
+    drop(cd);
+    assert_clean(env, &ns);
+}
