@@ -110,7 +110,11 @@ fn probe_as(uid: u32, sock: &Path) -> Probe {
             if libc::connect(fd, &addr as *const _ as *const libc::sockaddr, len) < 0 {
                 return Err(errno());
             }
-            libc::write(fd, frame.as_ptr().cast(), frame.len());
+            // MSG_NOSIGNAL: a refused connection may already be closed; SIGPIPE would kill
+            // this child before it reports.
+            if libc::send(fd, frame.as_ptr().cast(), frame.len(), libc::MSG_NOSIGNAL) < 0 {
+                return Err(errno());
+            }
             let mut pfd = libc::pollfd {
                 fd,
                 events: libc::POLLIN,
@@ -129,7 +133,7 @@ fn probe_as(uid: u32, sock: &Path) -> Probe {
     });
     match got {
         libc::EEXIST => Probe::Answered,
-        libc::ECONNABORTED | libc::ECONNRESET => Probe::Closed,
+        libc::ECONNABORTED | libc::ECONNRESET | libc::EPIPE => Probe::Closed,
         libc::EACCES | libc::EPERM | libc::ENOENT => Probe::Refused(got),
         other => Probe::Other(other),
     }
@@ -243,7 +247,7 @@ async fn console_sockets_take_the_pty_only_from_the_runtime() {
                         (*c).cmsg_type = libc::SCM_RIGHTS;
                         (*c).cmsg_len = libc::CMSG_LEN(4) as _;
                         *(libc::CMSG_DATA(c) as *mut i32) = 0;
-                        libc::sendmsg(fd, &msg, 0);
+                        libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL);
                         return report(libc::EEXIST);
                     }
                     libc::close(fd);

@@ -619,7 +619,7 @@ mod tests {
             (*c).cmsg_type = libc::SCM_RIGHTS;
             (*c).cmsg_len = libc::CMSG_LEN(4) as _;
             *(libc::CMSG_DATA(c) as *mut i32) = fd;
-            if libc::sendmsg(s, &msg, 0) < 0 {
+            if libc::sendmsg(s, &msg, libc::MSG_NOSIGNAL) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
         }
