@@ -22,7 +22,7 @@ use crate::mount::{self, MountError};
 use crate::options::{self, EngineOptions};
 use crate::process::{ExitInfo, Op, Process, StateError, Status};
 use crate::reaper::Reaper;
-use crate::runtime::{OciRuntime, RuntimeError, Spawn};
+use crate::runtime::{OciRuntime, Runtime, RuntimeError, Spawn};
 use crate::spec::{self, SpecError};
 
 /// Files gantry writes into a bundle, removed on Delete.
@@ -82,6 +82,17 @@ fn default_socket_dir() -> PathBuf {
     crate::config::ShimConfig::default().socket_dir
 }
 
+/// Builds a container's runtime from the engine's options, the config, the namespace and the
+/// bundle: the OCI runtime in production, a fake in unit tests.
+pub type RuntimeFactory = Arc<dyn Fn(&EngineOptions, &Config, &str, &Path, Reaper) -> Arc<dyn Runtime> + Send + Sync>;
+
+/// The production factory: [`runtime_for`].
+pub fn oci_runtimes() -> RuntimeFactory {
+    Arc::new(|engine, config, namespace, bundle, reaper| {
+        Arc::new(runtime_for(engine, config, namespace, bundle, reaper))
+    })
+}
+
 /// Everything Create needs.
 pub struct CreateParams {
     pub id: String,
@@ -98,7 +109,7 @@ pub struct Container {
     pub id: String,
     pub namespace: String,
     pub bundle: PathBuf,
-    pub runtime: OciRuntime,
+    pub runtime: Arc<dyn Runtime>,
     pub init: Arc<Process>,
     pub crio: bool,
     pub log: Logger,
@@ -124,6 +135,9 @@ struct Undo<'a> {
     bundle: &'a Path,
     mounted: Option<PathBuf>,
     original_config: Option<Vec<u8>>,
+    /// Set from the runtime's create on until its state is known to be gone: a create dropped
+    /// midway (its future cancelled) still has the runtime delete what it may have made.
+    runtime: Option<(Arc<dyn Runtime>, String)>,
 }
 
 impl Undo<'_> {
@@ -132,6 +146,13 @@ impl Undo<'_> {
             return;
         }
         self.armed = false;
+        if let Some((rt, id)) = self.runtime.take() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let _ = rt.delete(&id, true).await;
+                });
+            }
+        }
         if let Some(t) = &self.mounted {
             let _ = mount::unmount_all(t);
         }
@@ -156,7 +177,12 @@ fn invalid(e: impl std::fmt::Display) -> TaskError {
 
 impl Container {
     /// Prepares the bundle and runs the OCI runtime's `create`.
-    pub async fn create(p: CreateParams, reaper: Reaper, log: &Logger) -> Result<Arc<Container>, TaskError> {
+    pub async fn create(
+        p: CreateParams,
+        reaper: Reaper,
+        runtimes: &RuntimeFactory,
+        log: &Logger,
+    ) -> Result<Arc<Container>, TaskError> {
         spec::validate_id(&p.id).map_err(invalid)?;
         let log = log.new(o!("id" => p.id.clone()));
         if !p.bundle.is_absolute() || !p.bundle.is_dir() {
@@ -171,7 +197,7 @@ impl Container {
         }
         let engine = p.options.as_ref().map(options::from_any).unwrap_or_default();
         let (config, config_file) = Config::resolve(engine.config_path.as_deref()).map_err(invalid)?;
-        let runtime = runtime_for(&engine, &config, &p.namespace, &p.bundle, reaper.clone());
+        let runtime = runtimes(&engine, &config, &p.namespace, &p.bundle, reaper.clone());
         let annotations = loaded.view.annotations();
         let crio = spec::is_crio(&annotations);
 
@@ -180,6 +206,7 @@ impl Container {
             bundle: &p.bundle,
             mounted: None,
             original_config: None,
+            runtime: None,
         };
         if !p.rootfs.is_empty() {
             // The resolved target (the bundle may sit behind a symlink): what is unmounted later.
@@ -204,10 +231,11 @@ impl Container {
             info!(log, "injected devices"; "devices" => edits.devices.devices.join(","));
         }
 
+        let identity = runtime.identity();
         let record = RuntimeRecord {
-            binary: runtime.binary.clone(),
-            root: runtime.root.clone(),
-            systemd_cgroup: runtime.systemd_cgroup,
+            binary: identity.binary.clone(),
+            root: identity.root,
+            systemd_cgroup: identity.systemd_cgroup,
             rootfs_mounted: undo.mounted.is_some(),
             socket_dir: p.console_dir.clone(),
         };
@@ -234,6 +262,7 @@ impl Container {
             console_socket: prepared.console.as_ref().map(|c| c.path.as_path()),
             stdio: prepared.stdio,
         };
+        undo.runtime = Some((runtime.clone(), p.id.clone()));
         let created = run_with_console(
             runtime.create(&p.id, &p.bundle, spawn),
             prepared.console.as_ref(),
@@ -245,6 +274,7 @@ impl Container {
             warn!(log, "create failed"; "error" => %e);
             // The runtime may have left state behind (e.g. a failed start of runc init).
             let _ = runtime.delete(&p.id, true).await;
+            undo.runtime = None;
             prepared.io.shutdown().await;
             return Err(e);
         }
@@ -252,6 +282,7 @@ impl Container {
             Ok(pid) => pid,
             Err(e) => {
                 let _ = runtime.delete(&p.id, true).await;
+                undo.runtime = None;
                 prepared.io.shutdown().await;
                 return Err(e);
             }
@@ -259,7 +290,8 @@ impl Container {
         process.set_pid(pid);
         let init_exit = reaper.subscribe_since(pid, Some(started));
         undo.armed = false;
-        info!(log, "created"; "pid" => pid, "oci_runtime" => &runtime.binary,
+        undo.runtime = None;
+        info!(log, "created"; "pid" => pid, "oci_runtime" => &identity.binary,
             "config" => config_file.map(|p| p.display().to_string()).unwrap_or_else(|| "defaults".into()));
         let cgroup = match ContainerCgroup::for_pid(pid) {
             Ok(c) => Some(c),

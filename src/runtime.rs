@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use serde::Deserialize;
 use thiserror::Error;
 use tokio::io::AsyncReadExt;
@@ -77,6 +78,80 @@ pub struct Spawn<'a> {
     pub pid_file: &'a Path,
     pub console_socket: Option<&'a Path>,
     pub stdio: ProcessStdio,
+}
+
+/// What a container's record names about its runtime (`delete` after a daemon died uses it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeIdentity {
+    pub binary: String,
+    pub root: PathBuf,
+    pub systemd_cgroup: bool,
+}
+
+/// The seam between the task service and the OCI runtime: the calls a container makes, so the
+/// lifecycle (exit ordering, races, cancellation) is testable without runc. [`OciRuntime`] is
+/// the real one; `fake::FakeRuntime` scripts one in unit tests.
+#[async_trait]
+pub trait Runtime: Send + Sync {
+    fn identity(&self) -> RuntimeIdentity;
+    async fn create(&self, id: &str, bundle: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError>;
+    async fn start(&self, id: &str) -> Result<(), RuntimeError>;
+    async fn exec(&self, id: &str, process_json: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError>;
+    async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<(), RuntimeError>;
+    async fn delete(&self, id: &str, force: bool) -> Result<(), RuntimeError>;
+    async fn pause(&self, id: &str) -> Result<(), RuntimeError>;
+    async fn resume(&self, id: &str) -> Result<(), RuntimeError>;
+    async fn update(&self, id: &str, resources_json: &Path) -> Result<(), RuntimeError>;
+    async fn ps(&self, id: &str) -> Result<Vec<i32>, RuntimeError>;
+    async fn checkpoint(&self, id: &str, image: &Path, work: &Path, exit: bool) -> Result<(), RuntimeError>;
+    async fn state(&self, id: &str) -> Result<RuntimeState, RuntimeError>;
+}
+
+#[cfg(test)]
+pub mod fake;
+
+#[async_trait]
+impl Runtime for OciRuntime {
+    fn identity(&self) -> RuntimeIdentity {
+        RuntimeIdentity {
+            binary: self.binary.clone(),
+            root: self.root.clone(),
+            systemd_cgroup: self.systemd_cgroup,
+        }
+    }
+    async fn create(&self, id: &str, bundle: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError> {
+        OciRuntime::create(self, id, bundle, spawn).await
+    }
+    async fn start(&self, id: &str) -> Result<(), RuntimeError> {
+        OciRuntime::start(self, id).await
+    }
+    async fn exec(&self, id: &str, process_json: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError> {
+        OciRuntime::exec(self, id, process_json, spawn).await
+    }
+    async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<(), RuntimeError> {
+        OciRuntime::kill(self, id, signal, all).await
+    }
+    async fn delete(&self, id: &str, force: bool) -> Result<(), RuntimeError> {
+        OciRuntime::delete(self, id, force).await
+    }
+    async fn pause(&self, id: &str) -> Result<(), RuntimeError> {
+        OciRuntime::pause(self, id).await
+    }
+    async fn resume(&self, id: &str) -> Result<(), RuntimeError> {
+        OciRuntime::resume(self, id).await
+    }
+    async fn update(&self, id: &str, resources_json: &Path) -> Result<(), RuntimeError> {
+        OciRuntime::update(self, id, resources_json).await
+    }
+    async fn ps(&self, id: &str) -> Result<Vec<i32>, RuntimeError> {
+        OciRuntime::ps(self, id).await
+    }
+    async fn checkpoint(&self, id: &str, image: &Path, work: &Path, exit: bool) -> Result<(), RuntimeError> {
+        OciRuntime::checkpoint(self, id, image, work, exit).await
+    }
+    async fn state(&self, id: &str) -> Result<RuntimeState, RuntimeError> {
+        OciRuntime::state(self, id).await
+    }
 }
 
 /// One configured OCI runtime (binary + state root).

@@ -25,7 +25,7 @@ use slog::{debug, info, warn, Logger};
 use tokio::sync::Notify;
 use ttrpc::r#async::TtrpcContext;
 
-use crate::container::{Container, CreateParams, TaskError};
+use crate::container::{oci_runtimes, Container, CreateParams, RuntimeFactory, TaskError};
 use crate::events::{task_io, ts_field, Event, Publisher};
 use crate::inflight::InFlight;
 use crate::io::{IoError, StdioPaths};
@@ -69,6 +69,8 @@ pub struct TaskService {
     reaper: Reaper,
     namespace: String,
     console_dir: PathBuf,
+    /// Builds each container's runtime (a fake in unit tests).
+    runtimes: RuntimeFactory,
     log: Logger,
     /// Signalled when Shutdown finds no container left.
     pub shutdown: Arc<Notify>,
@@ -85,9 +87,16 @@ impl TaskService {
             reaper,
             namespace: namespace.to_string(),
             console_dir,
+            runtimes: oci_runtimes(),
             log,
             shutdown: Arc::new(Notify::new()),
         }
+    }
+
+    /// Uses `runtimes` instead of the OCI runtime for new containers.
+    pub fn with_runtimes(mut self, runtimes: RuntimeFactory) -> Self {
+        self.runtimes = runtimes;
+        self
     }
 
     fn containers(&self) -> MutexGuard<'_, HashMap<String, Arc<Container>>> {
@@ -139,7 +148,7 @@ impl TaskService {
             namespace: self.namespace.clone(),
             console_dir: self.console_dir.clone(),
         };
-        let container = Container::create(params, self.reaper.clone(), &self.log).await?;
+        let container = Container::create(params, self.reaper.clone(), &self.runtimes, &self.log).await?;
         let pid = container.init.pid();
         self.containers().insert(id.clone(), container.clone());
         self.publisher.publish(Event::Create(TaskCreate {
@@ -608,3 +617,7 @@ pub fn services(svc: Service) -> HashMap<String, ttrpc::r#async::Service> {
 #[cfg(test)]
 #[path = "service_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "lifecycle_tests.rs"]
+mod lifecycle_tests;

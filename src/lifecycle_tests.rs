@@ -1,0 +1,335 @@
+//! The lifecycle protocol against a scripted runtime ([`FakeRuntime`]) on tokio's paused
+//! clock: exits racing Start, Kill and Exec, cancelled Creates, hung runtime calls.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use containerd_shim_protos::api::{
+    CreateTaskRequest, DeleteRequest, ExecProcessRequest, KillRequest, StartRequest, StateRequest,
+};
+use containerd_shim_protos::events::task::{TaskExecStarted, TaskExit};
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
+use containerd_shim_protos::protobuf::{Message, MessageField};
+use containerd_shim_protos::shim::events::ForwardRequest;
+use containerd_shim_protos::shim_async::Task;
+use ttrpc::r#async::TtrpcContext;
+
+use super::{Service, TaskService};
+use crate::container::RuntimeFactory;
+use crate::events::{Forward, Publisher};
+use crate::process::ExitInfo;
+use crate::reaper::Reaper;
+use crate::runtime::fake::FakeRuntime;
+
+type Events = Arc<Mutex<Vec<String>>>;
+
+/// Records each event as "topic id" (the exec id for exec events and exits).
+struct Recorder(Events);
+
+impl Forward for Recorder {
+    async fn forward(&mut self, req: &ForwardRequest) -> Result<(), String> {
+        let topic = req.envelope.topic.clone();
+        let any = req.envelope.event.as_ref().cloned().unwrap_or_default();
+        let id = match topic.as_str() {
+            "/tasks/exit" => TaskExit::parse_from_bytes(&any.value).map(|e| e.id).unwrap_or_default(),
+            "/tasks/exec-started" => TaskExecStarted::parse_from_bytes(&any.value)
+                .map(|e| e.exec_id)
+                .unwrap_or_default(),
+            _ => String::new(),
+        };
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("{topic} {id}").trim_end().to_string());
+        Ok(())
+    }
+}
+
+pub(super) struct Harness {
+    pub svc: Arc<TaskService>,
+    pub fake: FakeRuntime,
+    events: Events,
+    pub bundle: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+pub(super) fn ctx() -> TtrpcContext {
+    TtrpcContext {
+        mh: Default::default(),
+        metadata: HashMap::new(),
+        timeout_nano: 0,
+        connection_data: Arc::default(),
+    }
+}
+
+/// A service whose containers run on one fake runtime, with a bundle for "c1". `edit` may
+/// change the spec first.
+pub(super) fn harness_with(edit: impl FnOnce(&mut oci_spec::runtime::Spec)) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    let mut spec = oci_spec::runtime::Spec::default();
+    edit(&mut spec);
+    std::fs::write(bundle.join("config.json"), serde_json::to_vec(&spec).unwrap()).unwrap();
+    let log = slog::Logger::root(slog::Discard, slog::o!());
+    let reaper = Reaper::default();
+    let fake = FakeRuntime::new(reaper.clone());
+    let events = Events::default();
+    let publisher = Publisher::with_forwarder(Recorder(events.clone()), "ns", log.clone());
+    let f = fake.clone();
+    let runtimes: RuntimeFactory = Arc::new(move |_, _, _, _, _| Arc::new(f.clone()));
+    let svc = TaskService::new(publisher, reaper, "ns", dir.path().into(), log).with_runtimes(runtimes);
+    Harness {
+        svc: Arc::new(svc),
+        fake,
+        events,
+        bundle,
+        _dir: dir,
+    }
+}
+
+pub(super) fn harness() -> Harness {
+    harness_with(|_| {})
+}
+
+pub(super) fn code(r: ttrpc::Result<impl std::fmt::Debug>) -> ttrpc::Code {
+    match r {
+        Err(ttrpc::Error::RpcStatus(s)) => s.code(),
+        other => panic!("expected an RPC status, got {other:?}"),
+    }
+}
+
+impl Harness {
+    pub fn service(&self) -> Service {
+        Service(self.svc.clone())
+    }
+
+    pub fn create_req(&self) -> CreateTaskRequest {
+        CreateTaskRequest {
+            id: "c1".into(),
+            bundle: self.bundle.to_str().unwrap().into(),
+            ..Default::default()
+        }
+    }
+
+    pub async fn create(&self) -> i32 {
+        self.service().create(&ctx(), self.create_req()).await.unwrap().pid as i32
+    }
+
+    pub async fn start(&self, exec_id: &str) -> ttrpc::Result<u32> {
+        let req = StartRequest {
+            id: "c1".into(),
+            exec_id: exec_id.into(),
+            ..Default::default()
+        };
+        self.service().start(&ctx(), req).await.map(|r| r.pid)
+    }
+
+    pub async fn add_exec(&self, exec_id: &str) {
+        let req = ExecProcessRequest {
+            id: "c1".into(),
+            exec_id: exec_id.into(),
+            spec: MessageField::some(Any {
+                value: br#"{"args":["true"],"cwd":"/","user":{"uid":0,"gid":0}}"#.to_vec(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        self.service().exec(&ctx(), req).await.unwrap();
+    }
+
+    pub async fn kill(&self, exec_id: &str, signal: u32) -> ttrpc::Result<()> {
+        let req = KillRequest {
+            id: "c1".into(),
+            exec_id: exec_id.into(),
+            signal,
+            ..Default::default()
+        };
+        self.service().kill(&ctx(), req).await.map(drop)
+    }
+
+    pub async fn delete(&self, exec_id: &str) -> ttrpc::Result<u32> {
+        let req = DeleteRequest {
+            id: "c1".into(),
+            exec_id: exec_id.into(),
+            ..Default::default()
+        };
+        self.service().delete(&ctx(), req).await.map(|r| r.exit_status)
+    }
+
+    pub async fn status(&self, exec_id: &str) -> containerd_shim_protos::api::Status {
+        let req = StateRequest {
+            id: "c1".into(),
+            exec_id: exec_id.into(),
+            ..Default::default()
+        };
+        self.service().state(&ctx(), req).await.unwrap().status.unwrap()
+    }
+
+    /// The process's exit, if it arrives within a (paused-clock) minute.
+    pub async fn wait(&self, exec_id: &str) -> Option<ExitInfo> {
+        let p = self.svc.get("c1").and_then(|c| c.process(exec_id)).ok()?;
+        tokio::time::timeout(Duration::from_secs(60), p.wait()).await.ok()
+    }
+
+    /// Every event published so far, once forwarded.
+    pub async fn events(&self) -> Vec<String> {
+        self.svc.publisher.flush(Duration::from_secs(5)).await;
+        self.events.lock().unwrap().clone()
+    }
+
+    pub fn leftovers(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.bundle)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "config.json" && n != "rootfs")
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+/// Lets spawned tasks run until they block.
+pub(super) async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_init_exit_before_start_returns_is_reported_after_start() {
+    let h = harness();
+    let pid = h.create().await;
+    let gate = h.fake.hold("start");
+    let svc = h.service();
+    let start = tokio::spawn(async move {
+        let req = StartRequest {
+            id: "c1".into(),
+            ..Default::default()
+        };
+        svc.start(&ctx(), req).await
+    });
+    h.fake.entered("start", 1).await;
+    h.fake.exit(pid, 3);
+    settle().await;
+    gate.add_permits(1);
+    assert_eq!(start.await.unwrap().unwrap().pid as i32, pid);
+    assert_eq!(h.wait("").await.map(|e| e.status), Some(3));
+    assert_eq!(h.events().await, ["/tasks/create", "/tasks/start", "/tasks/exit c1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn kill_racing_the_exit_succeeds_for_sigterm_and_says_finished_otherwise() {
+    let h = harness();
+    let pid = h.create().await;
+    h.start("").await.unwrap();
+    let gate = h.fake.hold("kill");
+    let svc = h.service();
+    let kill = tokio::spawn(async move {
+        let req = KillRequest {
+            id: "c1".into(),
+            signal: libc::SIGTERM as u32,
+            ..Default::default()
+        };
+        svc.kill(&ctx(), req).await
+    });
+    h.fake.entered("kill", 1).await;
+    // init dies on its own meanwhile; the runtime then finds nothing to signal
+    h.fake.exit(pid, 0);
+    h.fake.fail("kill", "container not running");
+    gate.add_permits(1);
+    assert!(kill.await.unwrap().is_ok());
+    assert_eq!(h.wait("").await.map(|e| e.status), Some(0));
+    assert!(h.kill("", libc::SIGKILL as u32).await.is_ok());
+    assert_eq!(code(h.kill("", libc::SIGUSR1 as u32).await), ttrpc::Code::NOT_FOUND);
+    assert_eq!(code(h.kill("", 0).await), ttrpc::Code::NOT_FOUND);
+}
+
+/// Drives `do_create` (no detached task around it) and drops it while `op` is held.
+async fn create_dropped_at(h: &Harness, op: &'static str) {
+    let _gate = h.fake.hold(op);
+    let svc = h.svc.clone();
+    let req = h.create_req();
+    let create = async move { svc.do_create(req).await };
+    let entered = h.fake.entered(op, 1);
+    tokio::select! {
+        r = create => panic!("create ended while {op} was held: {:?}", r.err()),
+        _ = async { entered.await; settle().await } => {}
+    }
+    h.fake.clear(op);
+    settle().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_create_dropped_during_the_runtime_create_leaves_nothing() {
+    let h = harness();
+    create_dropped_at(&h, "create").await;
+    assert!(h.svc.is_empty(), "an id is stuck in flight");
+    assert!(
+        h.fake.calls().contains(&"delete --force c1".to_string()),
+        "the runtime's half-created container is not deleted: {:?}",
+        h.fake.calls()
+    );
+    assert_eq!(h.leftovers(), Vec::<String>::new());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_create_dropped_during_its_failure_cleanup_leaves_nothing() {
+    let h = harness();
+    h.fake.fail("create", "runc create failed: boom");
+    create_dropped_at(&h, "delete").await;
+    assert!(h.svc.is_empty(), "an id is stuck in flight");
+    assert_eq!(h.leftovers(), Vec::<String>::new());
+    // A new Create of the same id works.
+    h.fake.clear("create");
+    h.create().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_runtime_call_times_out_and_create_undoes_itself() {
+    let h = harness();
+    h.fake.hang("start", Duration::from_secs(10));
+    h.create().await;
+    let t0 = tokio::time::Instant::now();
+    assert_eq!(code(h.start("").await), ttrpc::Code::DEADLINE_EXCEEDED);
+    assert!(t0.elapsed() >= Duration::from_secs(10));
+    assert_eq!(h.status("").await, containerd_shim_protos::api::Status::CREATED);
+    assert!(h.delete("").await.is_ok());
+
+    h.fake.hang("create", Duration::from_secs(60));
+    let r = h.service().create(&ctx(), h.create_req()).await;
+    assert_eq!(code(r), ttrpc::Code::DEADLINE_EXCEEDED);
+    assert!(h.svc.is_empty());
+    assert_eq!(h.fake.calls().iter().filter(|c| *c == "delete --force c1").count(), 2);
+    assert_eq!(h.leftovers(), Vec::<String>::new());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exec_exit_before_its_start_returns_follows_exec_started() {
+    let h = harness();
+    h.create().await;
+    h.start("").await.unwrap();
+    h.add_exec("e1").await;
+    let gate = h.fake.hold("exec");
+    let svc = h.service();
+    let start = tokio::spawn(async move {
+        let req = StartRequest {
+            id: "c1".into(),
+            exec_id: "e1".into(),
+            ..Default::default()
+        };
+        svc.start(&ctx(), req).await
+    });
+    h.fake.entered("exec", 1).await;
+    gate.add_permits(1);
+    settle().await;
+    // The pid file is written: the exec exits before Start has answered.
+    let pid = h.fake.exec_pids()[0];
+    h.fake.exit(pid, 7);
+    assert_eq!(start.await.unwrap().unwrap().pid as i32, pid);
+    assert_eq!(h.wait("e1").await.map(|e| e.status), Some(7));
+    let events = h.events().await;
+    assert_eq!(events[events.len() - 2..], ["/tasks/exec-started e1", "/tasks/exit e1"]);
+}
