@@ -1,6 +1,7 @@
 //! A container held by the daemon: its bundle, rootfs mounts, OCI runtime, init process and
 //! execs, and every operation the Task API performs on them. Create undoes all it did when a
 //! step fails, so a refused container leaves no mounts, runtime state, sockets or files.
+//! Exits are published in the runc shim's order: execs first, init last ([`crate::exits`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +17,7 @@ use thiserror::Error;
 
 use crate::cgroups::{CgroupError, ContainerCgroup};
 use crate::config::{Config, ConfigError};
+use crate::exits::{self, ExecSlot, ExitOrder};
 use crate::files;
 use crate::io::{self, IoError, StdioPaths};
 use crate::mount::{self, MountError};
@@ -93,6 +95,14 @@ pub fn oci_runtimes() -> RuntimeFactory {
     })
 }
 
+/// An exec that Start ran: its process, its exit to come, and its place in the exec count
+/// (dropped once its TaskExit is published).
+pub struct StartedExec {
+    pub process: Arc<Process>,
+    pub exit: tokio::sync::oneshot::Receiver<crate::reaper::Exit>,
+    pub slot: ExecSlot,
+}
+
 /// Everything Create needs.
 pub struct CreateParams {
     pub id: String,
@@ -114,8 +124,10 @@ pub struct Container {
     pub crio: bool,
     pub log: Logger,
     execs: Mutex<HashMap<String, Arc<Process>>>,
-    /// Set the moment init is reaped: no exec may start after that.
-    init_reaped: AtomicBool,
+    /// Exec count and init's reaping: init's exit is published last (see [`crate::exits`]).
+    exits: ExitOrder,
+    /// No pid namespace of its own: the rest of its processes are killed when init exits.
+    kill_all_on_exit: bool,
     rootfs_mounted: Option<PathBuf>,
     console_dir: PathBuf,
     reaper: Reaper,
@@ -200,6 +212,7 @@ impl Container {
         let runtime = runtimes(&engine, &config, &p.namespace, &p.bundle, reaper.clone());
         let annotations = loaded.view.annotations();
         let crio = spec::is_crio(&annotations);
+        let kill_all_on_exit = exits::kills_all_on_exit(&loaded.raw);
 
         let mut undo = Undo {
             armed: true,
@@ -315,7 +328,8 @@ impl Container {
             crio,
             log,
             execs: Mutex::new(HashMap::new()),
-            init_reaped: AtomicBool::new(false),
+            exits: ExitOrder::default(),
+            kill_all_on_exit,
             console_dir: p.console_dir,
             reaper,
         }))
@@ -385,7 +399,7 @@ impl Container {
     /// Registers an exec (Exec RPC); it runs on Start.
     pub fn add_exec(&self, exec_id: &str, stdio: StdioPaths, spec: &Any) -> Result<(), TaskError> {
         spec::validate_id(exec_id).map_err(invalid)?;
-        if self.init_reaped.load(Ordering::SeqCst) || self.init.status() == Status::Stopped {
+        if self.exits.init_reaped() || self.init.status() == Status::Stopped {
             return Err(TaskError::Precondition(format!(
                 "container {:?} has stopped: cannot exec",
                 self.id
@@ -422,20 +436,15 @@ impl Container {
         self.bundle.join(format!("exec-{exec_id}.pid"))
     }
 
-    /// Runs a registered exec; returns the exec process and its pid. The exit subscription is
-    /// taken before returning so a fast exit is never lost.
-    pub async fn start_exec(
-        &self,
-        exec_id: &str,
-    ) -> Result<(Arc<Process>, tokio::sync::oneshot::Receiver<crate::reaper::Exit>), TaskError> {
+    /// Runs a registered exec. The exit subscription is taken before returning so a fast exit
+    /// is never lost; the exec is counted (init's exit waits for it) from the first line.
+    pub async fn start_exec(&self, exec_id: &str) -> Result<StartedExec, TaskError> {
+        let slot = self
+            .exits
+            .begin_exec()
+            .ok_or_else(|| TaskError::Precondition(format!("container {:?} init process is not running", self.id)))?;
         let p = self.process(exec_id)?;
         let to = p.check(exec_id, Op::Start)?;
-        if self.init_reaped.load(Ordering::SeqCst) {
-            return Err(TaskError::Precondition(format!(
-                "container {:?} has stopped: cannot exec",
-                self.id
-            )));
-        }
         let owner = io::Owner {
             id: &self.id,
             namespace: &self.namespace,
@@ -477,28 +486,20 @@ impl Container {
         };
         p.set_pid(pid);
         p.set_io(prepared.io);
-        let rx = self.reaper.subscribe_since(pid, Some(started));
+        let exit = self.reaper.subscribe_since(pid, Some(started));
         p.apply(to);
-        Ok((p, rx))
+        Ok(StartedExec { process: p, exit, slot })
     }
 
-    /// Records init's exit once every exec has exited (the runc shim's order: execs first).
+    /// Records init's exit once every counted exec's exit is out (see [`crate::exits`]).
     pub async fn init_exited(&self, exit: crate::reaper::Exit) -> ExitInfo {
-        self.init_reaped.store(true, Ordering::SeqCst);
-        let running: Vec<_> = self
-            .execs()
-            .values()
-            .filter(|p| matches!(p.status(), Status::Running | Status::Paused))
-            .cloned()
-            .collect();
-        if !running.is_empty() {
-            let all = futures_wait_all(&running);
-            if tokio::time::timeout(Duration::from_secs(2), all).await.is_err() {
-                // Execs outlive init only when the container shares a pid namespace.
-                let _ = self.runtime.kill(&self.id, libc::SIGKILL as u32, true).await;
-                let _ = tokio::time::timeout(Duration::from_secs(5), futures_wait_all(&running)).await;
+        self.exits.set_init_reaped();
+        if self.kill_all_on_exit {
+            if let Err(e) = self.runtime.kill(&self.id, libc::SIGKILL as u32, true).await {
+                warn!(self.log, "cannot kill the processes init left"; "error" => %e);
             }
         }
+        self.exits.execs_done().await;
         self.init.io().drain(Duration::from_secs(2)).await;
         if self.crio && self.oom_killed.load(Ordering::SeqCst) && exit.status != 0 {
             // CRI-O learns of OOM kills only from this file, which must exist before Wait returns.
@@ -524,7 +525,7 @@ impl Container {
         check_signal(signal)?;
         let p = self.process(exec_id)?;
         let terminating = signal == libc::SIGKILL as u32 || signal == libc::SIGTERM as u32;
-        let reaped = p.status() == Status::Stopped || exec_id.is_empty() && self.init_reaped.load(Ordering::SeqCst);
+        let reaped = p.status() == Status::Stopped || exec_id.is_empty() && self.exits.init_reaped();
         if reaped {
             return if terminating { Ok(()) } else { Err(finished()) };
         }
@@ -535,7 +536,7 @@ impl Container {
             return match self.runtime.kill(&self.id, signal, all).await {
                 Ok(()) => Ok(()),
                 // The process exited between the check and the runtime call.
-                Err(e) if e.is_not_running() || self.init_reaped.load(Ordering::SeqCst) => {
+                Err(e) if e.is_not_running() || self.exits.init_reaped() => {
                     if terminating {
                         Ok(())
                     } else {
@@ -672,12 +673,6 @@ fn exec_process_json(exec_id: &str, raw: &[u8], terminal: bool) -> Result<Vec<u8
     };
     process.insert("terminal".into(), terminal.into());
     serde_json::to_vec(&value).map_err(|e| TaskError::Internal(format!("exec {exec_id:?} process spec: {e}")))
-}
-
-async fn futures_wait_all(ps: &[Arc<Process>]) {
-    for p in ps {
-        p.wait().await;
-    }
 }
 
 fn finished() -> TaskError {

@@ -128,6 +128,10 @@ impl Harness {
     }
 
     pub async fn add_exec(&self, exec_id: &str) {
+        self.try_add_exec(exec_id).await.unwrap();
+    }
+
+    pub async fn try_add_exec(&self, exec_id: &str) -> ttrpc::Result<()> {
         let req = ExecProcessRequest {
             id: "c1".into(),
             exec_id: exec_id.into(),
@@ -137,7 +141,7 @@ impl Harness {
             }),
             ..Default::default()
         };
-        self.service().exec(&ctx(), req).await.unwrap();
+        self.service().exec(&ctx(), req).await.map(drop)
     }
 
     pub async fn kill(&self, exec_id: &str, signal: u32) -> ttrpc::Result<()> {
@@ -332,4 +336,107 @@ async fn an_exec_exit_before_its_start_returns_follows_exec_started() {
     assert_eq!(h.wait("e1").await.map(|e| e.status), Some(7));
     let events = h.events().await;
     assert_eq!(events[events.len() - 2..], ["/tasks/exec-started e1", "/tasks/exit e1"]);
+}
+
+/// Starts exec `exec_id` as a task of its own (it may be held at the runtime's gate).
+fn spawn_start(h: &Harness, exec_id: &str) -> tokio::task::JoinHandle<ttrpc::Result<u32>> {
+    let svc = h.service();
+    let req = StartRequest {
+        id: "c1".into(),
+        exec_id: exec_id.into(),
+        ..Default::default()
+    };
+    tokio::spawn(async move { svc.start(&ctx(), req).await.map(|r| r.pid) })
+}
+
+fn exits(events: &[String]) -> Vec<&str> {
+    events
+        .iter()
+        .filter(|e| e.starts_with("/tasks/exit") || e.starts_with("/tasks/exec-started"))
+        .map(String::as_str)
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exec_starting_while_init_exits_is_published_before_init() {
+    let h = harness();
+    let init = h.create().await;
+    h.start("").await.unwrap();
+    h.add_exec("e1").await;
+    let gate = h.fake.hold("exec");
+    let start = spawn_start(&h, "e1");
+    h.fake.entered("exec", 1).await;
+    h.fake.exit(init, 0);
+    settle().await;
+    gate.add_permits(1);
+    let pid = start.await.unwrap().unwrap() as i32;
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(
+        exits(&h.events().await),
+        ["/tasks/exec-started e1"],
+        "init's exit came first"
+    );
+    h.fake.exit(pid, 137);
+    assert_eq!(h.wait("").await.map(|e| e.status), Some(0));
+    assert_eq!(
+        exits(&h.events().await),
+        ["/tasks/exec-started e1", "/tasks/exit e1", "/tasks/exit c1"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn init_exit_waits_for_running_execs_without_a_timer() {
+    let h = harness();
+    let init = h.create().await;
+    h.start("").await.unwrap();
+    h.add_exec("e1").await;
+    let pid = h.start("e1").await.unwrap() as i32;
+    h.fake.exit(init, 0);
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(h.wait("").await.is_none(), "init's Wait returned while an exec runs");
+    assert!(
+        !h.fake.calls().iter().any(|c| c.starts_with("kill")),
+        "own pid namespace: nothing to kill, {:?}",
+        h.fake.calls()
+    );
+    h.fake.exit(pid, 1);
+    assert_eq!(h.wait("").await.map(|e| e.status), Some(0));
+    assert_eq!(
+        exits(&h.events().await),
+        ["/tasks/exec-started e1", "/tasks/exit e1", "/tasks/exit c1"]
+    );
+    // No exec begins once init is gone.
+    assert_eq!(code(h.try_add_exec("e2").await), ttrpc::Code::FAILED_PRECONDITION);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shared_pid_namespace_has_the_rest_killed_when_init_exits() {
+    let h = harness_with(|spec| {
+        let mut linux = spec.linux().clone().unwrap();
+        let namespaces = linux.namespaces().clone().unwrap_or_default();
+        let kept = namespaces
+            .into_iter()
+            .filter(|n| n.typ() != oci_spec::runtime::LinuxNamespaceType::Pid)
+            .collect();
+        linux.set_namespaces(Some(kept));
+        spec.set_linux(Some(linux));
+    });
+    let init = h.create().await;
+    h.start("").await.unwrap();
+    h.add_exec("e1").await;
+    h.start("e1").await.unwrap();
+    let t0 = tokio::time::Instant::now();
+    h.fake.exit(init, 0);
+    assert_eq!(h.wait("").await.map(|e| e.status), Some(0));
+    assert_eq!(t0.elapsed(), Duration::ZERO, "waited on a timer");
+    assert!(
+        h.fake.calls().contains(&"kill c1 9 all".to_string()),
+        "{:?}",
+        h.fake.calls()
+    );
+    assert_eq!(h.wait("e1").await.map(|e| e.status), Some(137));
+    assert_eq!(
+        exits(&h.events().await),
+        ["/tasks/exec-started e1", "/tasks/exit e1", "/tasks/exit c1"]
+    );
 }

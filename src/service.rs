@@ -25,7 +25,7 @@ use slog::{debug, info, warn, Logger};
 use tokio::sync::Notify;
 use ttrpc::r#async::TtrpcContext;
 
-use crate::container::{oci_runtimes, Container, CreateParams, RuntimeFactory, TaskError};
+use crate::container::{oci_runtimes, Container, CreateParams, RuntimeFactory, StartedExec, TaskError};
 use crate::events::{task_io, ts_field, Event, Publisher};
 use crate::inflight::InFlight;
 use crate::io::{IoError, StdioPaths};
@@ -209,16 +209,14 @@ impl TaskService {
         });
     }
 
-    fn monitor_exec(
-        &self,
-        c: Arc<Container>,
-        exec_id: String,
-        rx: tokio::sync::oneshot::Receiver<crate::reaper::Exit>,
-    ) {
+    /// Publishes an exec's exit, then releases its place in the count init's exit waits for.
+    fn monitor_exec(&self, c: Arc<Container>, exec: StartedExec) {
         let publisher = self.publisher.clone();
+        let StartedExec { process: p, exit, slot } = exec;
         tokio::spawn(async move {
-            let Ok(exit) = rx.await else { return };
-            let Ok(p) = c.process(&exec_id) else { return };
+            let _slot = slot;
+            let Ok(exit) = exit.await else { return };
+            let exec_id = p.exec_id.clone();
             p.io().drain(std::time::Duration::from_secs(2)).await;
             let info = ExitInfo {
                 pid: exit.pid,
@@ -243,15 +241,15 @@ impl TaskService {
             }));
             pid
         } else {
-            let (p, rx) = c.start_exec(&req.exec_id).await?;
-            let pid = p.pid();
+            let exec = c.start_exec(&req.exec_id).await?;
+            let pid = exec.process.pid();
             self.publisher.publish(Event::ExecStarted(TaskExecStarted {
                 container_id: c.id.clone(),
                 exec_id: req.exec_id.clone(),
                 pid: pid as u32,
                 ..Default::default()
             }));
-            self.monitor_exec(c.clone(), req.exec_id.clone(), rx);
+            self.monitor_exec(c.clone(), exec);
             pid
         };
         Ok(StartResponse {
