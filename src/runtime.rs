@@ -248,13 +248,16 @@ impl OciRuntime {
                 cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
             }
         }
+        let spawned = std::time::Instant::now();
         let mut child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
             binary: self.binary.clone(),
             source,
         })?;
-        // Subscribe before the first await so the reaper cannot hand the exit to nobody.
+        // Subscribe before the first await so the reaper cannot hand the exit to nobody, and
+        // only to an exit reaped after the spawn: a kept exit of an earlier process that had
+        // this pid (reused) must not end this call.
         let pid = child.id() as i32;
-        let mut exited = self.reaper.subscribe(pid);
+        let mut exited = self.reaper.subscribe_since(pid, Some(spawned));
         crate::peer::note_runtime(pid);
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let (stdout, stderr) = if capture {
@@ -600,6 +603,33 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(gone, "the runtime's child {grandchild} survived the timeout");
+    }
+
+    // The std lock keeps other tests' children out of this reaper's waitpid(-1) while it runs.
+    #[allow(clippy::await_holding_lock)]
+    #[tokio::test]
+    async fn a_kept_exit_of_a_reused_pid_does_not_end_a_call() {
+        let _children = crate::sys::test_children_lock();
+        let dir = tempfile::tempdir().unwrap();
+        let reaper = Reaper::default();
+        reaper.start().unwrap();
+        // Unclaimed exits (status 99) for every pid the next spawns may get, as if earlier
+        // processes with those pids had exited and nobody had asked for them yet.
+        let last: i32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        for pid in last + 1..last + 5000 {
+            reaper.deliver(Exit {
+                pid,
+                status: 99,
+                at: std::time::SystemTime::now(),
+            });
+        }
+        let rt = fake_runtime(dir.path(), "sleep 0.2\nexit 0", reaper);
+        let r = rt.start("c1").await;
+        assert!(r.is_ok(), "the call ended with an older process's exit: {r:?}");
     }
 
     #[test]
