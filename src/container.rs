@@ -390,9 +390,9 @@ impl Container {
 
     /// Starts init; returns its pid.
     pub async fn start_init(&self) -> Result<i32, TaskError> {
-        let to = self.init.check(&self.id, Op::Start)?;
+        let claim = self.init.begin_start(&self.id)?;
         self.runtime.start(&self.id).await?;
-        self.init.apply(to);
+        claim.started();
         Ok(self.init.pid())
     }
 
@@ -444,7 +444,7 @@ impl Container {
             .begin_exec()
             .ok_or_else(|| TaskError::Precondition(format!("container {:?} init process is not running", self.id)))?;
         let p = self.process(exec_id)?;
-        let to = p.check(exec_id, Op::Start)?;
+        let claim = p.begin_start(exec_id)?;
         let owner = io::Owner {
             id: &self.id,
             namespace: &self.namespace,
@@ -487,7 +487,7 @@ impl Container {
         p.set_pid(pid);
         p.set_io(prepared.io);
         let exit = self.reaper.subscribe_since(pid, Some(started));
-        p.apply(to);
+        claim.started();
         Ok(StartedExec { process: p, exit, slot })
     }
 
@@ -546,7 +546,7 @@ impl Container {
                 Err(e) => Err(e.into()),
             };
         }
-        if p.status() == Status::Created {
+        if matches!(p.status(), Status::Created | Status::Starting) {
             return Err(TaskError::Precondition(format!("exec {exec_id:?} has not started")));
         }
         match signal_pid(p.pid(), signal) {

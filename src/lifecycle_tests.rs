@@ -440,3 +440,71 @@ async fn a_shared_pid_namespace_has_the_rest_killed_when_init_exits() {
         ["/tasks/exec-started e1", "/tasks/exit e1", "/tasks/exit c1"]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn two_concurrent_starts_of_one_exec_run_it_once() {
+    let h = harness();
+    h.create().await;
+    h.start("").await.unwrap();
+    h.add_exec("e1").await;
+    let gate = h.fake.hold("exec");
+    let first = spawn_start(&h, "e1");
+    h.fake.entered("exec", 1).await;
+    let second = tokio::time::timeout(Duration::from_secs(60), h.start("e1")).await;
+    let second = second.expect("the second Start runs the exec again (held at the runtime's gate)");
+    assert_eq!(code(second), ttrpc::Code::FAILED_PRECONDITION);
+    assert_eq!(h.status("e1").await, containerd_shim_protos::api::Status::CREATED);
+    gate.add_permits(2);
+    first.await.unwrap().unwrap();
+    settle().await;
+    let execs = h.fake.calls().iter().filter(|c| c.starts_with("exec")).count();
+    assert_eq!(execs, 1, "{:?}", h.fake.calls());
+    assert_eq!(h.status("e1").await, containerd_shim_protos::api::Status::RUNNING);
+}
+
+#[tokio::test(start_paused = true)]
+async fn delete_racing_the_start_of_a_created_init_waits_for_it() {
+    let h = harness();
+    h.create().await;
+    let gate = h.fake.hold("start");
+    let start = spawn_start(&h, "");
+    h.fake.entered("start", 1).await;
+    let svc = h.service();
+    let delete = tokio::spawn(async move {
+        let req = DeleteRequest {
+            id: "c1".into(),
+            ..Default::default()
+        };
+        svc.delete(&ctx(), req).await
+    });
+    settle().await;
+    assert!(
+        !h.fake.calls().iter().any(|c| c.starts_with("delete")),
+        "runtime delete while the runtime start runs: {:?}",
+        h.fake.calls()
+    );
+    gate.add_permits(1);
+    start.await.unwrap().unwrap();
+    assert_eq!(code(delete.await.unwrap()), ttrpc::Code::FAILED_PRECONDITION);
+    assert_eq!(h.status("").await, containerd_shim_protos::api::Status::RUNNING);
+
+    // A Start that fails leaves init created, and the Delete waiting for it then succeeds.
+    let h = harness();
+    h.create().await;
+    let gate = h.fake.hold("start");
+    h.fake.fail("start", "runc start failed: boom");
+    let start = spawn_start(&h, "");
+    h.fake.entered("start", 1).await;
+    let svc = h.service();
+    let delete = tokio::spawn(async move {
+        let req = DeleteRequest {
+            id: "c1".into(),
+            ..Default::default()
+        };
+        svc.delete(&ctx(), req).await
+    });
+    settle().await;
+    gate.add_permits(1);
+    assert_eq!(code(start.await.unwrap()), ttrpc::Code::UNKNOWN);
+    assert_eq!(delete.await.unwrap().unwrap().exit_status, 137);
+}

@@ -53,7 +53,7 @@ pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
 
 fn api_status(s: Status) -> ApiStatus {
     match s {
-        Status::Created => ApiStatus::CREATED,
+        Status::Created | Status::Starting => ApiStatus::CREATED,
         Status::Running => ApiStatus::RUNNING,
         Status::Paused => ApiStatus::PAUSED,
         Status::Stopped => ApiStatus::STOPPED,
@@ -264,6 +264,9 @@ impl TaskService {
         self.creating.settled(&req.id).await;
         let c = self.get(&req.id)?;
         let exit = if req.exec_id.is_empty() {
+            // A Start of init under way ends first: Delete then finds it running or, if the
+            // start failed, still created; never a runtime delete racing the runtime start.
+            drop(c.init.start_lock.lock().await);
             let exit = c.delete().await?;
             self.containers().remove(&req.id);
             self.publisher.publish(Event::Delete(TaskDelete {
