@@ -508,3 +508,18 @@ async fn delete_racing_the_start_of_a_created_init_waits_for_it() {
     assert_eq!(code(start.await.unwrap()), ttrpc::Code::UNKNOWN);
     assert_eq!(delete.await.unwrap().unwrap().exit_status, 137);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_on_an_exec_drained_by_delete_still_returns_its_exit() {
+    let h = harness();
+    h.create().await;
+    h.add_exec("e1").await;
+    let pid = h.start("e1").await.unwrap() as i32;
+    let p = h.svc.get("c1").unwrap().process("e1").unwrap();
+    let wait = tokio::spawn(async move { p.wait().await });
+    // Init never started: Delete is allowed and takes the exec out of the container.
+    h.delete("").await.unwrap();
+    h.fake.exit(pid, 5);
+    let exit = tokio::time::timeout(Duration::from_secs(60), wait).await;
+    assert_eq!(exit.expect("Wait never returns").unwrap().status, 5);
+}
