@@ -523,3 +523,14 @@ async fn a_wait_on_an_exec_drained_by_delete_still_returns_its_exit() {
     let exit = tokio::time::timeout(Duration::from_secs(60), wait).await;
     assert_eq!(exit.expect("Wait never returns").unwrap().status, 5);
 }
+
+#[tokio::test(start_paused = true)]
+async fn non_ascii_capability_names_do_not_panic_a_create() {
+    let h = harness();
+    let config = h.bundle.join("config.json");
+    let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    doc["process"]["capabilities"]["bounding"] = serde_json::json!(["CAPé_SYS_ADMIN", "é", "CAP_SYS_RAWIO", "ÇAP_X"]);
+    std::fs::write(&config, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let r = h.service().create(&ctx(), h.create_req()).await;
+    assert!(r.is_ok(), "{r:?}");
+}

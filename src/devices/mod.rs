@@ -171,10 +171,10 @@ pub fn is_privileged<S: AsRef<str>>(bounding: &[S]) -> bool {
     let has = |want: &str| {
         bounding.iter().any(|c| {
             let c = c.as_ref();
-            let bare = if c.len() >= 4 && c[..4].eq_ignore_ascii_case("CAP_") {
-                &c[4..]
-            } else {
-                c
+            // `get`: a name with a multi-byte character across byte 4 must not panic.
+            let bare = match (c.get(..4), c.get(4..)) {
+                (Some(prefix), Some(rest)) if prefix.eq_ignore_ascii_case("CAP_") => rest,
+                _ => c,
             };
             bare.eq_ignore_ascii_case(want)
         })
