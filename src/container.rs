@@ -353,7 +353,8 @@ impl Container {
         let cg = self
             .cgroup
             .as_ref()
-            .ok_or_else(|| TaskError::Precondition(format!("container {:?} has no cgroup to read", self.id)))?;
+            // The runc shim's answer: NOT_FOUND "cgroup does not exist".
+            .ok_or_else(|| TaskError::Gone(format!("cgroup does not exist for container {:?}", self.id)))?;
         match cg.metrics_any() {
             Ok(any) => Ok(any),
             Err(CgroupError::Gone { .. }) => Err(TaskError::Gone(format!("cgroup of container {:?} is gone", self.id))),
@@ -382,6 +383,15 @@ impl Container {
                 id: self.id.clone(),
                 exec: exec_id.to_string(),
             })
+    }
+
+    /// Exec ids by pid, for the execs that have one (Pids names them).
+    pub fn exec_pids(&self) -> HashMap<i32, String> {
+        self.execs()
+            .iter()
+            .filter(|(_, p)| p.pid() > 0)
+            .map(|(id, p)| (p.pid(), id.clone()))
+            .collect()
     }
 
     pub fn exec_ids(&self) -> Vec<String> {

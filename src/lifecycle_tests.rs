@@ -534,3 +534,61 @@ async fn non_ascii_capability_names_do_not_panic_a_create() {
     let r = h.service().create(&ctx(), h.create_req()).await;
     assert!(r.is_ok(), "{r:?}");
 }
+
+/// Codes as containerd's runc shim returns them, for the failures engines act on.
+#[tokio::test(start_paused = true)]
+async fn error_codes_match_the_runc_shim() {
+    use containerd_shim_protos::api::StatsRequest;
+    let h = harness();
+    h.create().await;
+    let no_binary =
+        "runc start failed: unable to start container process: exec: \"nope\": executable file not found in $PATH";
+    h.fake.fail("start", no_binary);
+    assert_eq!(code(h.start("").await), ttrpc::Code::UNKNOWN, "a start failure");
+    h.fake.clear("start");
+    h.start("").await.unwrap();
+    h.add_exec("e1").await;
+    h.fake.fail("exec", &no_binary.replace("start failed", "exec failed"));
+    assert_eq!(code(h.start("e1").await), ttrpc::Code::UNKNOWN, "an exec failure");
+    h.fake.fail("pause", "container does not exist");
+    let pause = containerd_shim_protos::api::PauseRequest {
+        id: "c1".into(),
+        ..Default::default()
+    };
+    assert_eq!(code(h.service().pause(&ctx(), pause).await), ttrpc::Code::NOT_FOUND);
+    // The fake's container has no cgroup: "cgroup does not exist".
+    let stats = StatsRequest {
+        id: "c1".into(),
+        ..Default::default()
+    };
+    assert_eq!(code(h.service().stats(&ctx(), stats).await), ttrpc::Code::NOT_FOUND);
+    assert_eq!(code(h.start("nope").await), ttrpc::Code::NOT_FOUND);
+    assert_eq!(code(h.start("").await), ttrpc::Code::FAILED_PRECONDITION);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pids_name_the_exec_of_each_exec_pid() {
+    use containerd_shim_protos::api::PidsRequest;
+    use containerd_shim_protos::shim::oci::ProcessDetails;
+    let h = harness();
+    let init = h.create().await;
+    h.start("").await.unwrap();
+    h.add_exec("e1").await;
+    let exec = h.start("e1").await.unwrap();
+    let req = PidsRequest {
+        id: "c1".into(),
+        ..Default::default()
+    };
+    let got = h.service().pids(&ctx(), req).await.unwrap().processes;
+    assert_eq!(got.len(), 2);
+    for p in got {
+        if p.pid == init as u32 {
+            assert!(p.info.is_none(), "init carries no details");
+        } else {
+            assert_eq!(p.pid, exec);
+            let any = p.info.unwrap();
+            assert_eq!(any.type_url, "containerd.runc.v1.ProcessDetails");
+            assert_eq!(ProcessDetails::parse_from_bytes(&any.value).unwrap().exec_id, "e1");
+        }
+    }
+}

@@ -292,8 +292,7 @@ impl OciRuntime {
         }
         let logged = read_log_errors(&self.log, log_start);
         let message = failure_message(&logged, &String::from_utf8_lossy(&err), exit.status, capture);
-        let lower = message.to_lowercase();
-        let not_found = lower.contains("does not exist") || lower.contains("not found") && lower.contains("container");
+        let not_found = says_container_missing(&message);
         Err(RuntimeError::Failed {
             binary: self.binary.clone(),
             command,
@@ -414,6 +413,16 @@ impl OciRuntime {
             message: e.to_string(),
         }
     }
+}
+
+/// True when the runtime's failure says the container itself does not exist (NOT_FOUND), as
+/// runc's "container does not exist" and crun's "container `x` not found"/"does not exist";
+/// never for the container's process failing to start ("executable file not found", a
+/// missing file): those are the runc shim's UNKNOWN.
+pub(crate) fn says_container_missing(message: &str) -> bool {
+    let m = message.to_lowercase();
+    let start_failure = m.contains("executable file not found") || m.contains("no such file or directory");
+    !start_failure && (m.contains("does not exist") || m.contains("container") && m.contains("not found"))
 }
 
 /// Whether CRIU can checkpoint on this host (`criu check`), asked once; the error says why not.
@@ -649,6 +658,27 @@ mod tests {
         );
         assert_eq!(failure_message("", "", 3, true), "exit status 3");
         assert!(failure_message("", "", 3, false).contains("process's stderr"));
+    }
+
+    #[test]
+    fn only_a_missing_container_is_not_found() {
+        let table = [
+            ("container does not exist", true),
+            ("container with id exists: c1", false),
+            ("container `c1` not found", true),
+            (
+                "runc create failed: unable to start container process: exec: \"nope\": executable file not found in $PATH",
+                false,
+            ),
+            (
+                "runc exec failed: unable to start container process: exec: \"/nope\": stat /nope: no such file or directory",
+                false,
+            ),
+            ("container not running", false),
+        ];
+        for (message, want) in table {
+            assert_eq!(says_container_missing(message), want, "{message}");
+        }
     }
 
     #[test]

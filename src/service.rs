@@ -379,6 +379,20 @@ fn publish_ooms(publisher: &Publisher, c: &Container) {
     }
 }
 
+/// `ProcessDetails{exec_id}` as the runc shim attaches it to an exec's pid in Pids.
+fn process_details(exec_id: &str) -> containerd_shim_protos::protobuf::well_known_types::any::Any {
+    use containerd_shim_protos::protobuf::Message;
+    let details = containerd_shim_protos::shim::oci::ProcessDetails {
+        exec_id: exec_id.to_string(),
+        ..Default::default()
+    };
+    containerd_shim_protos::protobuf::well_known_types::any::Any {
+        type_url: "containerd.runc.v1.ProcessDetails".into(),
+        value: details.write_to_bytes().unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
 fn exit_event(container_id: &str, id: &str, info: ExitInfo) -> Event {
     Event::Exit(TaskExit {
         container_id: container_id.to_string(),
@@ -491,11 +505,13 @@ impl Task for Service {
             .ps(&c.id)
             .await
             .map_err(|e| self.0.fail("pids", &req.id, e.into()))?;
+        let execs = c.exec_pids();
         Ok(PidsResponse {
             processes: pids
                 .into_iter()
                 .map(|pid| ProcessInfo {
                     pid: pid as u32,
+                    info: execs.get(&pid).map(|id| process_details(id)).into(),
                     ..Default::default()
                 })
                 .collect(),

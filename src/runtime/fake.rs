@@ -150,7 +150,7 @@ impl FakeRuntime {
             Some(Behaviour::Fail(message)) => Err(RuntimeError::Failed {
                 binary: "fake".into(),
                 command: op.into(),
-                not_found: message.contains("does not exist"),
+                not_found: super::says_container_missing(&message),
                 message,
             }),
             Some(Behaviour::Hang(after)) => {
