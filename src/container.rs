@@ -223,7 +223,7 @@ impl Container {
         };
         if !p.rootfs.is_empty() {
             // The resolved target (the bundle may sit behind a symlink): what is unmounted later.
-            undo.mounted = Some(mount::mount_all(&p.rootfs, &p.bundle.join("rootfs"))?);
+            undo.mounted = Some(mount::mount_all(&p.rootfs, &p.bundle.join("rootfs"), &reaper).await?);
         } else {
             let root = loaded.view.root_path(&p.bundle);
             if !root.is_dir() {
@@ -649,7 +649,7 @@ impl Container {
                 self.id
             )));
         }
-        crate::runtime::criu_available()
+        crate::runtime::criu_available(&self.reaper)
             .await
             .map_err(TaskError::Unimplemented)?;
         self.runtime.checkpoint(&self.id, image, work, exit).await?;

@@ -426,26 +426,44 @@ pub(crate) fn says_container_missing(message: &str) -> bool {
 }
 
 /// Whether CRIU can checkpoint on this host (`criu check`), asked once; the error says why not.
-pub async fn criu_available() -> Result<(), String> {
+pub async fn criu_available(reaper: &Reaper) -> Result<(), String> {
     static RESULT: tokio::sync::OnceCell<Result<(), String>> = tokio::sync::OnceCell::const_new();
-    RESULT
-        .get_or_init(|| async {
-            let out = std::process::Command::new("criu").arg("check").output();
-            match out {
-                Ok(o) if o.status.success() => Ok(()),
-                Ok(o) => {
-                    let text = String::from_utf8_lossy(&o.stderr);
-                    let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("no output");
-                    Err(format!(
-                        "checkpoint needs CRIU, and `criu check` fails on this host: {}",
-                        last.trim()
-                    ))
-                }
-                Err(e) => Err(format!("checkpoint needs CRIU, which cannot run here: {e}")),
-            }
-        })
-        .await
-        .clone()
+    RESULT.get_or_init(|| criu_check("criu", reaper)).await.clone()
+}
+
+/// Runs `<criu> check` as the runtime calls run: spawned, its stderr read on the reactor, its
+/// exit collected by the reaper, so the daemon's only thread never waits on it.
+async fn criu_check(criu: &str, reaper: &Reaper) -> Result<(), String> {
+    const LIMIT: Duration = Duration::from_secs(30);
+    let mut cmd = Command::new(criu);
+    cmd.arg("check")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let since = std::time::Instant::now();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("checkpoint needs CRIU, which cannot run here: {e}"))?;
+    let exit = reaper.subscribe_since(child.id() as i32, Some(since));
+    let mut err = Vec::new();
+    if let Some(Ok(mut r)) = child.stderr.take().map(pipe_reader) {
+        let _ = tokio::time::timeout(LIMIT, r.read_to_end(&mut err)).await;
+    }
+    match tokio::time::timeout(LIMIT, exit).await {
+        Ok(Ok(e)) if e.status == 0 => Ok(()),
+        Ok(Ok(_)) => {
+            let text = String::from_utf8_lossy(&err);
+            let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("no output");
+            Err(format!(
+                "checkpoint needs CRIU, and `criu check` fails on this host: {}",
+                last.trim()
+            ))
+        }
+        _ => {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGKILL);
+            Err("checkpoint needs CRIU, and `criu check` did not answer".into())
+        }
+    }
 }
 
 fn pipe_reader<T: Into<OwnedFd>>(p: T) -> std::io::Result<tokio::net::unix::pipe::Receiver> {
@@ -658,6 +676,32 @@ mod tests {
         );
         assert_eq!(failure_message("", "", 3, true), "exit status 3");
         assert!(failure_message("", "", 3, false).contains("process's stderr"));
+    }
+
+    // The std lock keeps other tests' children out of this reaper's waitpid(-1) while it runs.
+    #[allow(clippy::await_holding_lock)]
+    #[tokio::test]
+    async fn criu_check_leaves_the_reactor_free() {
+        let _children = crate::sys::test_children_lock();
+        let dir = tempfile::tempdir().unwrap();
+        let reaper = Reaper::default();
+        reaper.start().unwrap();
+        let criu = script(dir.path(), "sleep 0.5\necho 'Error: no luck here' >&2\nexit 1");
+        let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = ticks.clone();
+        let ticker = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let e = criu_check(criu.to_str().unwrap(), &reaper).await.unwrap_err();
+        ticker.abort();
+        assert!(e.ends_with("Error: no luck here"), "{e}");
+        let n = ticks.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(n >= 10, "the reactor ran {n} timers during a 0.5 s check");
+        let e = criu_check("/nonexistent/criu", &reaper).await.unwrap_err();
+        assert!(e.contains("cannot run here"), "{e}");
     }
 
     #[test]

@@ -340,9 +340,17 @@ impl ProcessIo {
                     let _ = tokio::io::copy(&mut pty, &mut out).await;
                 }));
             } else {
-                let mut out = tokio::fs::File::from_std(File::from(w));
+                // A regular file: written directly (page cache), not through tokio::fs, whose
+                // every write takes a blocking-pool thread.
+                let mut out = File::from(w);
                 output = Some(tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut pty, &mut out).await;
+                    use tokio::io::AsyncReadExt;
+                    let mut buf = vec![0u8; 16 * 1024];
+                    while let Ok(n @ 1..) = pty.read(&mut buf).await {
+                        if std::io::Write::write_all(&mut out, &buf[..n]).is_err() {
+                            break;
+                        }
+                    }
                 }));
             }
         }
@@ -781,5 +789,25 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(text.contains("hello from the tty"), "the logger got {text:?}");
+    }
+
+    #[tokio::test]
+    async fn a_tty_with_file_stdout_reaches_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("tty.log");
+        let paths = StdioPaths {
+            stdout: format!("file://{}", log.display()),
+            terminal: true,
+            ..Default::default()
+        };
+        let pty = nix::pty::openpty(None, None).unwrap();
+        let io = ProcessIo::default();
+        io.attach_console(pty.master, &paths).unwrap();
+        let mut slave = File::from(pty.slave);
+        std::io::Write::write_all(&mut slave, b"to the file\n").unwrap();
+        drop(slave);
+        io.drain(Duration::from_secs(5)).await;
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.contains("to the file"), "{text:?}");
     }
 }
