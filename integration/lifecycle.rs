@@ -182,3 +182,46 @@ async fn a_hung_runtime_create_times_out_while_the_daemon_serves_others() {
     assert!(gone, "daemon {daemon} still running");
     assert_clean(env, &ns);
 }
+
+/// SIGTERM to a daemon ends it as the runc shim ends: socket removed, containers left running
+/// (containerd's `delete` cleans them up later), instead of the daemon dying on the signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_shuts_the_daemon_down_and_leaves_containers_running() {
+    let env = env();
+    let ns = env.namespace("sigterm");
+    let b = crio_bundle(&ns, "st1", "st1", &["sleep", "1000"], |_| {});
+    let o = crio_start(&ns, &b.dir, "st1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let address = String::from_utf8(o.stdout).unwrap();
+    let socket = std::path::PathBuf::from(address.trim_start_matches("unix://"));
+    let daemon = daemon_pid(&b.dir);
+    let client = task_client(&address).await;
+    let _out = open_fifo_reader(&b.stdout);
+    let init = client.create(ctx(), &crio_create_req(&b)).await.unwrap().pid as i32;
+    let start = StartRequest {
+        id: "st1".into(),
+        ..Default::default()
+    };
+    client.start(ctx(), &start).await.unwrap();
+    // One thread per daemon: nothing above left a helper thread behind.
+    let status = std::fs::read_to_string(format!("/proc/{daemon}/status")).unwrap();
+    assert!(status.lines().any(|l| l == "Threads:\t1"), "{status}");
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon), nix::sys::signal::SIGTERM).unwrap();
+    let gone = wait_until(Duration::from_secs(10), || !alive(daemon));
+    assert!(gone, "daemon {daemon} still running after SIGTERM");
+    assert!(!socket.exists(), "the socket {} is left", socket.display());
+    assert!(alive(init), "the container died with the daemon");
+
+    // containerd's cleanup of a dead shim: `delete` kills and deletes the container.
+    let o = std::process::Command::new(crate::common::SHIM)
+        .args(["-namespace", "default", "-id", "st1", "-bundle"])
+        .arg(&b.dir)
+        .arg("delete")
+        .env("GANTRY_CONFIG", &ns.config)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(wait_until(Duration::from_secs(10), || !alive(init)));
+    assert_clean(env, &ns);
+}

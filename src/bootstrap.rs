@@ -140,10 +140,9 @@ pub fn start(flags: &Flags, stdin: &[u8]) -> Result<Started, BootstrapError> {
     let sock = socket_path(socket_dir, &flags.namespace, &group)?;
     let address = format!("unix://{}", sock.display());
 
-    // Serialise starts so two containers of one pod never spawn two daemons.
-    let dir = File::open(socket_dir).map_err(io_err("open", socket_dir))?;
-    let dir = nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| io_err("lock", socket_dir)(e.into()))?;
+    // Serialise the starts of one group so two containers of a pod never spawn two daemons;
+    // other pods' starts go on meanwhile.
+    let lock = GroupLock::acquire(&sock)?;
 
     let (pid, spawned) = match UnixStream::connect(&sock) {
         Ok(conn) => (peer_pid(&conn).unwrap_or(0), false),
@@ -153,8 +152,9 @@ pub fn start(flags: &Flags, stdin: &[u8]) -> Result<Started, BootstrapError> {
             match spawn_daemon(flags, &bundle, &sock, &engine)? {
                 Spawned::Parent(pid) => (pid, true),
                 Spawned::Child(daemon) => {
-                    // The lock's descriptor is already closed here; unlocking belongs to the parent.
-                    std::mem::forget(dir);
+                    // The lock's descriptor is already closed here; unlocking (and removing the
+                    // lock file) belongs to the parent.
+                    std::mem::forget(lock);
                     return Ok(Started::Daemon(daemon, Box::new(config)));
                 }
             }
@@ -169,8 +169,47 @@ pub fn start(flags: &Flags, stdin: &[u8]) -> Result<Started, BootstrapError> {
         }
         return Err(io_err("write address into", &bundle)(e));
     }
-    drop(dir);
+    drop(lock);
     Ok(Started::Address(address))
+}
+
+/// An exclusive `flock` on `<socket>.lock`, held across one group's connect-or-spawn. The file
+/// exists only while a start holds it: the holder removes it before unlocking, and a start that
+/// locked a file already removed (it opened it just before) tries again on the current one.
+struct GroupLock {
+    path: PathBuf,
+    _file: nix::fcntl::Flock<File>,
+}
+
+impl GroupLock {
+    fn acquire(sock: &Path) -> Result<GroupLock, BootstrapError> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let path = sock.with_extension("lock");
+        loop {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&path)
+                .map_err(io_err("open", &path))?;
+            let file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+                .map_err(|(_, e)| io_err("lock", &path)(e.into()))?;
+            let held = file.metadata().map_err(io_err("stat", &path))?;
+            let current = std::fs::symlink_metadata(&path).ok();
+            if current.is_some_and(|c| c.ino() == held.ino() && c.dev() == held.dev()) {
+                return Ok(GroupLock { path, _file: file });
+            }
+        }
+    }
+}
+
+impl Drop for GroupLock {
+    /// Removes the file while still holding it; the lock is released after (field drop).
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// Kills and reaps a daemon this `start` forked but could not hand out, and removes its socket.
@@ -410,6 +449,35 @@ pub fn check_config(path: Option<&str>) -> Result<String, BootstrapError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_locks_serialise_one_group_only_and_leave_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("aaaa"), dir.path().join("bbbb"));
+        let held = GroupLock::acquire(&a).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let a2 = a.clone();
+        let waiter = std::thread::spawn(move || {
+            let lock = GroupLock::acquire(&a2).unwrap();
+            tx.send(()).unwrap();
+            drop(lock);
+        });
+        // Another group is not held up; the same group is.
+        drop(GroupLock::acquire(&b).unwrap());
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "two holders of one group"
+        );
+        drop(held);
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("the waiter never got the lock");
+        waiter.join().unwrap();
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 
     #[test]
     fn socket_paths_are_short_and_stable() {

@@ -1,5 +1,7 @@
 //! The long-lived daemon: serves the Task API for every container of one pod on the listener
-//! `start` bound, reaps every child, and exits after a Shutdown that finds no container left.
+//! `start` bound, reaps every child, and exits after a Shutdown that finds no container left,
+//! or on SIGTERM: then, as the runc shim does, it removes its socket, flushes its events and
+//! exits while its containers keep running (`delete` cleans up after them).
 
 use std::io::Write;
 use std::os::fd::FromRawFd;
@@ -81,6 +83,8 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger, events: &EventsConfig)
             .with_telemetry(telemetry.clone()),
     );
     let shutdown = task.shutdown.clone();
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(DaemonError::Signals)?;
 
     // SAFETY: `start` handed us this bound socket as fd 3; nothing else owns it.
     let listener = unsafe { std::os::fd::OwnedFd::from_raw_fd(LISTENER_FD) };
@@ -106,10 +110,18 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger, events: &EventsConfig)
     signal_ready();
     info!(log, "serving"; "id" => &flags.id, "socket" => socket.display().to_string(), "events" => !address.is_empty());
 
-    loop {
-        shutdown.notified().await;
-        if task.is_empty() {
-            break;
+    let drained = async {
+        loop {
+            shutdown.notified().await;
+            if task.is_empty() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        () = drained => {}
+        _ = terminate.recv() => {
+            info!(log, "SIGTERM: shutting down; containers keep running"; "containers" => !task.is_empty());
         }
     }
     // No new `start` may find this daemon from here on: it hands out a fresh one instead.

@@ -10,6 +10,7 @@ pub mod container;
 pub mod daemon;
 pub mod devices;
 pub mod events;
+pub mod exits;
 pub mod files;
 pub mod inflight;
 pub mod io;

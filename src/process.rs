@@ -13,6 +13,8 @@ use crate::io::{ProcessIo, StdioPaths};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Created,
+    /// A Start is under way (reported as created): a second Start is refused.
+    Starting,
     Running,
     Paused,
     Stopped,
@@ -80,6 +82,24 @@ struct Inner {
     pid: i32,
 }
 
+/// A Start in progress; see [`Process::begin_start`].
+pub struct StartClaim<'a> {
+    process: &'a Process,
+}
+
+impl StartClaim<'_> {
+    /// The runtime started the process: it is running (unless it already exited).
+    pub fn started(self) {
+        self.process.end_start(Status::Running);
+    }
+}
+
+impl Drop for StartClaim<'_> {
+    fn drop(&mut self) {
+        self.process.end_start(Status::Created);
+    }
+}
+
 /// One process. Exits are broadcast through a watch channel so any number of Wait calls
 /// see the same status and time.
 pub struct Process {
@@ -144,6 +164,30 @@ impl Process {
         transition(id, self.status(), op)
     }
 
+    /// Claims the process for one Start (created → starting), so a concurrent second Start is
+    /// refused rather than running the process twice. The claim ends with [`StartClaim::started`],
+    /// or, dropped (failure, cancellation), goes back to created.
+    pub fn begin_start(&self, id: &str) -> Result<StartClaim<'_>, StateError> {
+        let mut inner = self.lock();
+        if inner.status == Status::Starting {
+            return Err(StateError::Transition {
+                id: id.to_string(),
+                from: Status::Starting,
+                action: "start it again",
+            });
+        }
+        transition(id, inner.status, Op::Start)?;
+        inner.status = Status::Starting;
+        Ok(StartClaim { process: self })
+    }
+
+    fn end_start(&self, to: Status) {
+        let mut inner = self.lock();
+        if inner.status == Status::Starting {
+            inner.status = to;
+        }
+    }
+
     /// Applies an operation's new state unless the process exited meanwhile.
     pub fn apply(&self, to: Status) {
         let mut inner = self.lock();
@@ -203,6 +247,23 @@ mod tests {
         }
         let e = transition("c1", Running, Op::Delete).unwrap_err().to_string();
         assert!(e.contains("c1") && e.contains("Running"), "{e}");
+        for op in [Op::Start, Op::Pause, Op::Resume, Op::Delete] {
+            assert!(transition("c", Starting, op).is_err(), "Starting --{op:?}-->");
+        }
+    }
+
+    #[test]
+    fn one_start_at_a_time() {
+        let p = Process::new("e", StdioPaths::default(), Arc::default());
+        let claim = p.begin_start("e").unwrap();
+        assert_eq!(p.status(), Starting);
+        let e = p.begin_start("e").err().unwrap().to_string();
+        assert!(e.contains("Starting"), "{e}");
+        drop(claim);
+        assert_eq!(p.status(), Created, "a failed start leaves it created");
+        p.begin_start("e").unwrap().started();
+        assert_eq!(p.status(), Running);
+        assert!(p.begin_start("e").is_err());
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use serde::Deserialize;
 use thiserror::Error;
 use tokio::io::AsyncReadExt;
@@ -77,6 +78,80 @@ pub struct Spawn<'a> {
     pub pid_file: &'a Path,
     pub console_socket: Option<&'a Path>,
     pub stdio: ProcessStdio,
+}
+
+/// What a container's record names about its runtime (`delete` after a daemon died uses it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeIdentity {
+    pub binary: String,
+    pub root: PathBuf,
+    pub systemd_cgroup: bool,
+}
+
+/// The seam between the task service and the OCI runtime: the calls a container makes, so the
+/// lifecycle (exit ordering, races, cancellation) is testable without runc. [`OciRuntime`] is
+/// the real one; `fake::FakeRuntime` scripts one in unit tests.
+#[async_trait]
+pub trait Runtime: Send + Sync {
+    fn identity(&self) -> RuntimeIdentity;
+    async fn create(&self, id: &str, bundle: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError>;
+    async fn start(&self, id: &str) -> Result<(), RuntimeError>;
+    async fn exec(&self, id: &str, process_json: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError>;
+    async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<(), RuntimeError>;
+    async fn delete(&self, id: &str, force: bool) -> Result<(), RuntimeError>;
+    async fn pause(&self, id: &str) -> Result<(), RuntimeError>;
+    async fn resume(&self, id: &str) -> Result<(), RuntimeError>;
+    async fn update(&self, id: &str, resources_json: &Path) -> Result<(), RuntimeError>;
+    async fn ps(&self, id: &str) -> Result<Vec<i32>, RuntimeError>;
+    async fn checkpoint(&self, id: &str, image: &Path, work: &Path, exit: bool) -> Result<(), RuntimeError>;
+    async fn state(&self, id: &str) -> Result<RuntimeState, RuntimeError>;
+}
+
+#[cfg(test)]
+pub mod fake;
+
+#[async_trait]
+impl Runtime for OciRuntime {
+    fn identity(&self) -> RuntimeIdentity {
+        RuntimeIdentity {
+            binary: self.binary.clone(),
+            root: self.root.clone(),
+            systemd_cgroup: self.systemd_cgroup,
+        }
+    }
+    async fn create(&self, id: &str, bundle: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError> {
+        OciRuntime::create(self, id, bundle, spawn).await
+    }
+    async fn start(&self, id: &str) -> Result<(), RuntimeError> {
+        OciRuntime::start(self, id).await
+    }
+    async fn exec(&self, id: &str, process_json: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError> {
+        OciRuntime::exec(self, id, process_json, spawn).await
+    }
+    async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<(), RuntimeError> {
+        OciRuntime::kill(self, id, signal, all).await
+    }
+    async fn delete(&self, id: &str, force: bool) -> Result<(), RuntimeError> {
+        OciRuntime::delete(self, id, force).await
+    }
+    async fn pause(&self, id: &str) -> Result<(), RuntimeError> {
+        OciRuntime::pause(self, id).await
+    }
+    async fn resume(&self, id: &str) -> Result<(), RuntimeError> {
+        OciRuntime::resume(self, id).await
+    }
+    async fn update(&self, id: &str, resources_json: &Path) -> Result<(), RuntimeError> {
+        OciRuntime::update(self, id, resources_json).await
+    }
+    async fn ps(&self, id: &str) -> Result<Vec<i32>, RuntimeError> {
+        OciRuntime::ps(self, id).await
+    }
+    async fn checkpoint(&self, id: &str, image: &Path, work: &Path, exit: bool) -> Result<(), RuntimeError> {
+        OciRuntime::checkpoint(self, id, image, work, exit).await
+    }
+    async fn state(&self, id: &str) -> Result<RuntimeState, RuntimeError> {
+        OciRuntime::state(self, id).await
+    }
 }
 
 /// One configured OCI runtime (binary + state root).
@@ -173,13 +248,16 @@ impl OciRuntime {
                 cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
             }
         }
+        let spawned = std::time::Instant::now();
         let mut child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
             binary: self.binary.clone(),
             source,
         })?;
-        // Subscribe before the first await so the reaper cannot hand the exit to nobody.
+        // Subscribe before the first await so the reaper cannot hand the exit to nobody, and
+        // only to an exit reaped after the spawn: a kept exit of an earlier process that had
+        // this pid (reused) must not end this call.
         let pid = child.id() as i32;
-        let mut exited = self.reaper.subscribe(pid);
+        let mut exited = self.reaper.subscribe_since(pid, Some(spawned));
         crate::peer::note_runtime(pid);
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let (stdout, stderr) = if capture {
@@ -214,8 +292,7 @@ impl OciRuntime {
         }
         let logged = read_log_errors(&self.log, log_start);
         let message = failure_message(&logged, &String::from_utf8_lossy(&err), exit.status, capture);
-        let lower = message.to_lowercase();
-        let not_found = lower.contains("does not exist") || lower.contains("not found") && lower.contains("container");
+        let not_found = says_container_missing(&message);
         Err(RuntimeError::Failed {
             binary: self.binary.clone(),
             command,
@@ -338,27 +415,55 @@ impl OciRuntime {
     }
 }
 
+/// True when the runtime's failure says the container itself does not exist (NOT_FOUND), as
+/// runc's "container does not exist" and crun's "container `x` not found"/"does not exist";
+/// never for the container's process failing to start ("executable file not found", a
+/// missing file): those are the runc shim's UNKNOWN.
+pub(crate) fn says_container_missing(message: &str) -> bool {
+    let m = message.to_lowercase();
+    let start_failure = m.contains("executable file not found") || m.contains("no such file or directory");
+    !start_failure && (m.contains("does not exist") || m.contains("container") && m.contains("not found"))
+}
+
 /// Whether CRIU can checkpoint on this host (`criu check`), asked once; the error says why not.
-pub async fn criu_available() -> Result<(), String> {
+pub async fn criu_available(reaper: &Reaper) -> Result<(), String> {
     static RESULT: tokio::sync::OnceCell<Result<(), String>> = tokio::sync::OnceCell::const_new();
-    RESULT
-        .get_or_init(|| async {
-            let out = std::process::Command::new("criu").arg("check").output();
-            match out {
-                Ok(o) if o.status.success() => Ok(()),
-                Ok(o) => {
-                    let text = String::from_utf8_lossy(&o.stderr);
-                    let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("no output");
-                    Err(format!(
-                        "checkpoint needs CRIU, and `criu check` fails on this host: {}",
-                        last.trim()
-                    ))
-                }
-                Err(e) => Err(format!("checkpoint needs CRIU, which cannot run here: {e}")),
-            }
-        })
-        .await
-        .clone()
+    RESULT.get_or_init(|| criu_check("criu", reaper)).await.clone()
+}
+
+/// Runs `<criu> check` as the runtime calls run: spawned, its stderr read on the reactor, its
+/// exit collected by the reaper, so the daemon's only thread never waits on it.
+async fn criu_check(criu: &str, reaper: &Reaper) -> Result<(), String> {
+    const LIMIT: Duration = Duration::from_secs(30);
+    let mut cmd = Command::new(criu);
+    cmd.arg("check")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let since = std::time::Instant::now();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("checkpoint needs CRIU, which cannot run here: {e}"))?;
+    let exit = reaper.subscribe_since(child.id() as i32, Some(since));
+    let mut err = Vec::new();
+    if let Some(Ok(mut r)) = child.stderr.take().map(pipe_reader) {
+        let _ = tokio::time::timeout(LIMIT, r.read_to_end(&mut err)).await;
+    }
+    match tokio::time::timeout(LIMIT, exit).await {
+        Ok(Ok(e)) if e.status == 0 => Ok(()),
+        Ok(Ok(_)) => {
+            let text = String::from_utf8_lossy(&err);
+            let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("no output");
+            Err(format!(
+                "checkpoint needs CRIU, and `criu check` fails on this host: {}",
+                last.trim()
+            ))
+        }
+        _ => {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGKILL);
+            Err("checkpoint needs CRIU, and `criu check` did not answer".into())
+        }
+    }
 }
 
 fn pipe_reader<T: Into<OwnedFd>>(p: T) -> std::io::Result<tokio::net::unix::pipe::Receiver> {
@@ -527,6 +632,33 @@ mod tests {
         assert!(gone, "the runtime's child {grandchild} survived the timeout");
     }
 
+    // The std lock keeps other tests' children out of this reaper's waitpid(-1) while it runs.
+    #[allow(clippy::await_holding_lock)]
+    #[tokio::test]
+    async fn a_kept_exit_of_a_reused_pid_does_not_end_a_call() {
+        let _children = crate::sys::test_children_lock();
+        let dir = tempfile::tempdir().unwrap();
+        let reaper = Reaper::default();
+        reaper.start().unwrap();
+        // Unclaimed exits (status 99) for every pid the next spawns may get, as if earlier
+        // processes with those pids had exited and nobody had asked for them yet.
+        let last: i32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        for pid in last + 1..last + 5000 {
+            reaper.deliver(Exit {
+                pid,
+                status: 99,
+                at: std::time::SystemTime::now(),
+            });
+        }
+        let rt = fake_runtime(dir.path(), "sleep 0.2\nexit 0", reaper);
+        let r = rt.start("c1").await;
+        assert!(r.is_ok(), "the call ended with an older process's exit: {r:?}");
+    }
+
     #[test]
     fn failure_text_is_said_once() {
         let logged = "runc create failed: unable to start container process: exec: \"nope\": not found";
@@ -544,6 +676,53 @@ mod tests {
         );
         assert_eq!(failure_message("", "", 3, true), "exit status 3");
         assert!(failure_message("", "", 3, false).contains("process's stderr"));
+    }
+
+    // The std lock keeps other tests' children out of this reaper's waitpid(-1) while it runs.
+    #[allow(clippy::await_holding_lock)]
+    #[tokio::test]
+    async fn criu_check_leaves_the_reactor_free() {
+        let _children = crate::sys::test_children_lock();
+        let dir = tempfile::tempdir().unwrap();
+        let reaper = Reaper::default();
+        reaper.start().unwrap();
+        let criu = script(dir.path(), "sleep 0.5\necho 'Error: no luck here' >&2\nexit 1");
+        let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = ticks.clone();
+        let ticker = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let e = criu_check(criu.to_str().unwrap(), &reaper).await.unwrap_err();
+        ticker.abort();
+        assert!(e.ends_with("Error: no luck here"), "{e}");
+        let n = ticks.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(n >= 10, "the reactor ran {n} timers during a 0.5 s check");
+        let e = criu_check("/nonexistent/criu", &reaper).await.unwrap_err();
+        assert!(e.contains("cannot run here"), "{e}");
+    }
+
+    #[test]
+    fn only_a_missing_container_is_not_found() {
+        let table = [
+            ("container does not exist", true),
+            ("container with id exists: c1", false),
+            ("container `c1` not found", true),
+            (
+                "runc create failed: unable to start container process: exec: \"nope\": executable file not found in $PATH",
+                false,
+            ),
+            (
+                "runc exec failed: unable to start container process: exec: \"/nope\": stat /nope: no such file or directory",
+                false,
+            ),
+            ("container not running", false),
+        ];
+        for (message, want) in table {
+            assert_eq!(says_container_missing(message), want, "{message}");
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use slog::{debug, info, warn, Logger};
 use tokio::sync::Notify;
 use ttrpc::r#async::TtrpcContext;
 
-use crate::container::{Container, CreateParams, TaskError};
+use crate::container::{oci_runtimes, Container, CreateParams, RuntimeFactory, StartedExec, TaskError};
 use crate::events::{task_io, ts_field, Event, Publisher};
 use crate::inflight::InFlight;
 use crate::io::{IoError, StdioPaths};
@@ -57,7 +57,7 @@ pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
 
 fn api_status(s: Status) -> ApiStatus {
     match s {
-        Status::Created => ApiStatus::CREATED,
+        Status::Created | Status::Starting => ApiStatus::CREATED,
         Status::Running => ApiStatus::RUNNING,
         Status::Paused => ApiStatus::PAUSED,
         Status::Stopped => ApiStatus::STOPPED,
@@ -75,6 +75,8 @@ pub struct TaskService {
     reaper: Reaper,
     namespace: String,
     console_dir: PathBuf,
+    /// Builds each container's runtime (a fake in unit tests).
+    runtimes: RuntimeFactory,
     log: Logger,
     /// Signalled when Shutdown finds no container left.
     pub shutdown: Arc<Notify>,
@@ -92,6 +94,7 @@ impl TaskService {
             reaper,
             namespace: namespace.to_string(),
             console_dir,
+            runtimes: oci_runtimes(),
             log,
             shutdown: Arc::new(Notify::new()),
         }
@@ -105,6 +108,12 @@ impl TaskService {
 
     pub fn telemetry(&self) -> &Telemetry {
         &self.telemetry
+    }
+
+    /// Uses `runtimes` instead of the OCI runtime for new containers.
+    pub fn with_runtimes(mut self, runtimes: RuntimeFactory) -> Self {
+        self.runtimes = runtimes;
+        self
     }
 
     fn containers(&self) -> MutexGuard<'_, HashMap<String, Arc<Container>>> {
@@ -160,7 +169,7 @@ impl TaskService {
             namespace: self.namespace.clone(),
             console_dir: self.console_dir.clone(),
         };
-        let container = Container::create(params, self.reaper.clone(), &self.log).await?;
+        let container = Container::create(params, self.reaper.clone(), &self.runtimes, &self.log).await?;
         let pid = container.init.pid();
         self.containers().insert(id.clone(), container.clone());
         self.publisher.publish(Event::Create(TaskCreate {
@@ -226,17 +235,15 @@ impl TaskService {
         });
     }
 
-    fn monitor_exec(
-        &self,
-        c: Arc<Container>,
-        exec_id: String,
-        rx: tokio::sync::oneshot::Receiver<crate::reaper::Exit>,
-    ) {
+    /// Publishes an exec's exit, then releases its place in the count init's exit waits for.
+    fn monitor_exec(&self, c: Arc<Container>, exec: StartedExec) {
         let publisher = self.publisher.clone();
         let telemetry = self.telemetry.clone();
+        let StartedExec { process: p, exit, slot } = exec;
         tokio::spawn(async move {
-            let Ok(exit) = rx.await else { return };
-            let Ok(p) = c.process(&exec_id) else { return };
+            let _slot = slot;
+            let Ok(exit) = exit.await else { return };
+            let exec_id = p.exec_id.clone();
             p.io().drain(std::time::Duration::from_secs(2)).await;
             let info = ExitInfo {
                 pid: exit.pid,
@@ -263,8 +270,8 @@ impl TaskService {
             self.telemetry.emit(Kind::Start, &c.id, |r| r.pid = Some(pid as u32));
             pid
         } else {
-            let (p, rx) = c.start_exec(&req.exec_id).await?;
-            let pid = p.pid();
+            let exec = c.start_exec(&req.exec_id).await?;
+            let pid = exec.process.pid();
             self.publisher.publish(Event::ExecStarted(TaskExecStarted {
                 container_id: c.id.clone(),
                 exec_id: req.exec_id.clone(),
@@ -275,7 +282,7 @@ impl TaskService {
                 r.exec_id = Some(req.exec_id.clone());
                 r.pid = Some(pid as u32);
             });
-            self.monitor_exec(c.clone(), req.exec_id.clone(), rx);
+            self.monitor_exec(c.clone(), exec);
             pid
         };
         Ok(StartResponse {
@@ -290,6 +297,9 @@ impl TaskService {
         self.creating.settled(&req.id).await;
         let c = self.get(&req.id)?;
         let exit = if req.exec_id.is_empty() {
+            // A Start of init under way ends first: Delete then finds it running or, if the
+            // start failed, still created; never a runtime delete racing the runtime start.
+            drop(c.init.start_lock.lock().await);
             let exit = c.delete().await?;
             self.containers().remove(&req.id);
             self.publisher.publish(Event::Delete(TaskDelete {
@@ -406,6 +416,20 @@ fn publish_ooms(publisher: &Publisher, c: &Container) {
             container_id: c.id.clone(),
             ..Default::default()
         }));
+    }
+}
+
+/// `ProcessDetails{exec_id}` as the runc shim attaches it to an exec's pid in Pids.
+fn process_details(exec_id: &str) -> containerd_shim_protos::protobuf::well_known_types::any::Any {
+    use containerd_shim_protos::protobuf::Message;
+    let details = containerd_shim_protos::shim::oci::ProcessDetails {
+        exec_id: exec_id.to_string(),
+        ..Default::default()
+    };
+    containerd_shim_protos::protobuf::well_known_types::any::Any {
+        type_url: "containerd.runc.v1.ProcessDetails".into(),
+        value: details.write_to_bytes().unwrap_or_default(),
+        ..Default::default()
     }
 }
 
@@ -531,11 +555,13 @@ impl Task for Service {
             .ps(&c.id)
             .await
             .map_err(|e| self.0.fail("pids", &req.id, e.into()))?;
+        let execs = c.exec_pids();
         Ok(PidsResponse {
             processes: pids
                 .into_iter()
                 .map(|pid| ProcessInfo {
                     pid: pid as u32,
+                    info: execs.get(&pid).map(|id| process_details(id)).into(),
                     ..Default::default()
                 })
                 .collect(),
@@ -661,3 +687,7 @@ pub fn services(svc: Service) -> HashMap<String, ttrpc::r#async::Service> {
 #[cfg(test)]
 #[path = "service_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "lifecycle_tests.rs"]
+mod lifecycle_tests;

@@ -220,7 +220,13 @@ pub struct ProcessIo {
     keepers: Vec<OwnedFd>,
     stdin_keeper: Mutex<Option<OwnedFd>>,
     console: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
+    /// The pty → stdout copy: what `drain` waits for.
+    output: Mutex<Option<JoinHandle<()>>>,
+    /// Input copies (stdin → pty): cancelled, never waited for.
     copies: Mutex<Vec<JoinHandle<()>>>,
+    /// Where a terminal's output goes when that is a `binary://` logger (its stdout pipe),
+    /// until the pty master arrives.
+    console_out: Mutex<Option<OwnedFd>>,
     logger: Option<binary::BinaryLogger>,
 }
 
@@ -243,9 +249,16 @@ pub struct Prepared {
 pub async fn prepare(paths: &StdioPaths, console_dir: &Path, owner: &Owner<'_>) -> Result<Prepared, IoError> {
     if paths.terminal {
         let console = ConsoleSocket::bind(console_dir)?;
+        let mut io = ProcessIo::default();
+        // A tty has one output stream: the logger's stdout (its stderr pipe is closed here).
+        if let Target::Binary { path, args } = parse_target(&paths.stdout)? {
+            let (l, out, _err) = binary::spawn(&path, &args, owner.id, owner.namespace, owner.reaper).await?;
+            io.logger = Some(l);
+            io.console_out = Mutex::new(Some(out));
+        }
         return Ok(Prepared {
             stdio: ProcessStdio::default(),
-            io: Arc::new(ProcessIo::default()),
+            io: Arc::new(io),
             console: Some(console),
         });
     }
@@ -301,7 +314,16 @@ impl ProcessIo {
         })?;
         let master = Arc::new(master);
         let mut copies = Vec::new();
-        if let Target::Path(p) | Target::File(p) = parse_target(&paths.stdout)? {
+        let mut output = None;
+        let logger_pipe = self.console_out.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(w) = logger_pipe {
+            let mut out =
+                tokio::net::unix::pipe::Sender::from_owned_fd(w).map_err(open_err("stdout", Path::new("")))?;
+            let mut pty = PtyStream(master.clone());
+            output = Some(tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut pty, &mut out).await;
+            }));
+        } else if let Target::Path(p) | Target::File(p) = parse_target(&paths.stdout)? {
             let (w, keep) = if is_fifo(&p) {
                 let (w, keep) = open_output_fifo("stdout", &p)?;
                 (w, Some(keep))
@@ -313,14 +335,22 @@ impl ProcessIo {
             let mut pty = PtyStream(master.clone());
             if keep.is_some() {
                 let mut out = tokio::net::unix::pipe::Sender::from_owned_fd(w).map_err(open_err("stdout", &p))?;
-                copies.push(tokio::spawn(async move {
+                output = Some(tokio::spawn(async move {
                     let _keep = keep;
                     let _ = tokio::io::copy(&mut pty, &mut out).await;
                 }));
             } else {
-                let mut out = tokio::fs::File::from_std(File::from(w));
-                copies.push(tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut pty, &mut out).await;
+                // A regular file: written directly (page cache), not through tokio::fs, whose
+                // every write takes a blocking-pool thread.
+                let mut out = File::from(w);
+                output = Some(tokio::spawn(async move {
+                    use tokio::io::AsyncReadExt;
+                    let mut buf = vec![0u8; 16 * 1024];
+                    while let Ok(n @ 1..) = pty.read(&mut buf).await {
+                        if std::io::Write::write_all(&mut out, &buf[..n]).is_err() {
+                            break;
+                        }
+                    }
                 }));
             }
         }
@@ -338,6 +368,7 @@ impl ProcessIo {
             *self.stdin_keeper.lock().unwrap_or_else(|e| e.into_inner()) = keeper;
         }
         *self.console.lock().unwrap_or_else(|e| e.into_inner()) = Some(master);
+        *self.output.lock().unwrap_or_else(|e| e.into_inner()) = output;
         self.copies.lock().unwrap_or_else(|e| e.into_inner()).extend(copies);
         Ok(())
     }
@@ -368,17 +399,12 @@ impl ProcessIo {
     /// Waits (bounded) for the terminal output copy to drain after the process exited, so the
     /// client has all output before it learns of the exit.
     pub async fn drain(&self, timeout: Duration) {
-        let copies: Vec<_> = std::mem::take(&mut *self.copies.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut pending = Vec::new();
-        for (i, c) in copies.into_iter().enumerate() {
-            // The first copy is the output one; stdin copies are cancelled.
-            if i == 0 && !c.is_finished() {
-                pending.push(c);
-            } else {
-                c.abort();
-            }
+        // Input copies are cancelled; only the output copy is waited for.
+        for c in std::mem::take(&mut *self.copies.lock().unwrap_or_else(|e| e.into_inner())) {
+            c.abort();
         }
-        for c in pending {
+        let output = self.output.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(c) = output {
             let abort = c.abort_handle();
             if tokio::time::timeout(timeout, c).await.is_err() {
                 abort.abort();
@@ -401,6 +427,10 @@ impl ProcessIo {
         for c in self.copies.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             c.abort();
         }
+        if let Some(c) = self.output.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            c.abort();
+        }
+        self.console_out.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
     #[doc(hidden)]
@@ -698,5 +728,86 @@ mod tests {
         // Writing works with no external reader: the shim's keeper absorbs SIGPIPE risk.
         let mut w = File::from(prep.stdio.stdout.unwrap());
         std::io::Write::write_all(&mut w, b"hello").unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_tty_with_stdin_and_no_stdout_drains_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let stdin = dir.path().join("in");
+        nix::unistd::mkfifo(&stdin, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let paths = StdioPaths {
+            stdin: stdin.display().to_string(),
+            terminal: true,
+            ..Default::default()
+        };
+        let pty = nix::pty::openpty(None, None).unwrap();
+        let io = ProcessIo::default();
+        io.attach_console(pty.master, &paths).unwrap();
+        drop(pty.slave);
+        let t0 = std::time::Instant::now();
+        io.drain(Duration::from_secs(5)).await;
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "drain waited {:?} for the stdin copy",
+            t0.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_tty_with_binary_stdout_reaches_the_logger() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let got = dir.path().join("got");
+        let logger = dir.path().join("logger");
+        let body = format!("#!/bin/sh\nexec 5>&-\ncat <&3 > {}\n", got.display());
+        std::fs::write(&logger, body).unwrap();
+        std::fs::set_permissions(&logger, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let paths = StdioPaths {
+            stdout: format!("binary://{}", logger.display()),
+            terminal: true,
+            ..Default::default()
+        };
+        let reaper = Reaper::default();
+        let owner = Owner {
+            id: "c",
+            namespace: "ns",
+            reaper: &reaper,
+        };
+        let prep = prepare(&paths, dir.path(), &owner).await.unwrap();
+        let pty = nix::pty::openpty(None, None).unwrap();
+        prep.io.attach_console(pty.master, &paths).unwrap();
+        let mut slave = File::from(pty.slave);
+        std::io::Write::write_all(&mut slave, b"hello from the tty\n").unwrap();
+        drop(slave);
+        prep.io.drain(Duration::from_secs(5)).await;
+        let mut text = String::new();
+        for _ in 0..100 {
+            text = std::fs::read_to_string(&got).unwrap_or_default();
+            if text.contains("hello from the tty") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(text.contains("hello from the tty"), "the logger got {text:?}");
+    }
+
+    #[tokio::test]
+    async fn a_tty_with_file_stdout_reaches_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("tty.log");
+        let paths = StdioPaths {
+            stdout: format!("file://{}", log.display()),
+            terminal: true,
+            ..Default::default()
+        };
+        let pty = nix::pty::openpty(None, None).unwrap();
+        let io = ProcessIo::default();
+        io.attach_console(pty.master, &paths).unwrap();
+        let mut slave = File::from(pty.slave);
+        std::io::Write::write_all(&mut slave, b"to the file\n").unwrap();
+        drop(slave);
+        io.drain(Duration::from_secs(5)).await;
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.contains("to the file"), "{text:?}");
     }
 }

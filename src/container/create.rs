@@ -1,0 +1,307 @@
+//! Create: prepare the bundle (rootfs mounts, spec edits, the runtime record), run the
+//! runtime's `create`, and build the [`Container`]. Every step is undone when a later one
+//! fails, or when the Create's future is dropped midway.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use containerd_shim_protos::api::Mount;
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
+use serde::{Deserialize, Serialize};
+use slog::{info, o, warn, Logger};
+
+use super::console::{read_pid, run_with_console};
+use super::{invalid, Container, TaskError, INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG};
+use crate::cgroups::ContainerCgroup;
+use crate::config::Config;
+use crate::exits::{self, ExitOrder};
+use crate::io::{self, StdioPaths};
+use crate::options::{self, EngineOptions};
+use crate::process::Process;
+use crate::reaper::{Exit, Reaper};
+use crate::runtime::{OciRuntime, Runtime, Spawn};
+use crate::spec::{self, Loaded, SpecError};
+use crate::{files, mount};
+
+/// What `delete` (the subcommand, after a daemon died) needs to clean up a bundle.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RuntimeRecord {
+    pub binary: String,
+    pub root: PathBuf,
+    pub systemd_cgroup: bool,
+    pub rootfs_mounted: bool,
+    /// Where the daemon's socket lives: `delete` removes a dead daemon's socket only there.
+    #[serde(default = "default_socket_dir")]
+    pub socket_dir: PathBuf,
+}
+
+fn default_socket_dir() -> PathBuf {
+    crate::config::ShimConfig::default().socket_dir
+}
+
+/// Builds a container's runtime from the engine's options, the config, the namespace and the
+/// bundle: the OCI runtime in production, a fake in unit tests.
+pub type RuntimeFactory = Arc<dyn Fn(&EngineOptions, &Config, &str, &Path, Reaper) -> Arc<dyn Runtime> + Send + Sync>;
+
+/// The production factory: [`runtime_for`].
+pub fn oci_runtimes() -> RuntimeFactory {
+    Arc::new(|engine, config, namespace, bundle, reaper| {
+        Arc::new(runtime_for(engine, config, namespace, bundle, reaper))
+    })
+}
+
+/// Everything Create needs.
+pub struct CreateParams {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub rootfs: Vec<Mount>,
+    pub stdio: StdioPaths,
+    pub options: Option<Any>,
+    pub namespace: String,
+    /// Directory for console sockets (short paths).
+    pub console_dir: PathBuf,
+}
+
+/// Undoes a half-done create when dropped without `disarm`.
+struct Undo<'a> {
+    armed: bool,
+    bundle: &'a Path,
+    mounted: Option<PathBuf>,
+    original_config: Option<Vec<u8>>,
+    /// Set from the runtime's create on until its state is known to be gone: a create dropped
+    /// midway (its future cancelled) still has the runtime delete what it may have made.
+    runtime: Option<(Arc<dyn Runtime>, String)>,
+}
+
+impl Undo<'_> {
+    fn run(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.armed = false;
+        if let Some((rt, id)) = self.runtime.take() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let _ = rt.delete(&id, true).await;
+                });
+            }
+        }
+        if let Some(t) = &self.mounted {
+            let _ = mount::unmount_all(t);
+        }
+        if let Some(raw) = &self.original_config {
+            let _ = files::write_atomic(&spec::config_path(self.bundle), raw);
+        }
+        for f in [INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG] {
+            files::remove_entry(&self.bundle.join(f));
+        }
+    }
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        self.run();
+    }
+}
+
+/// Init as the runtime created it.
+struct Created {
+    process: Arc<Process>,
+    pid: i32,
+    exit: tokio::sync::oneshot::Receiver<Exit>,
+}
+
+impl Container {
+    /// Prepares the bundle and runs the OCI runtime's `create`.
+    pub async fn create(
+        p: CreateParams,
+        reaper: Reaper,
+        runtimes: &RuntimeFactory,
+        log: &Logger,
+    ) -> Result<Arc<Container>, TaskError> {
+        spec::validate_id(&p.id).map_err(invalid)?;
+        let log = log.new(o!("id" => p.id.clone()));
+        if !p.bundle.is_absolute() || !p.bundle.is_dir() {
+            return Err(invalid(format!(
+                "bundle {:?} is not an existing absolute directory",
+                p.bundle
+            )));
+        }
+        let mut loaded = spec::load(&p.bundle).map_err(invalid)?;
+        if let Err(why) = &loaded.spec {
+            warn!(log, "config.json holds values gantry does not model; the runtime gets it as is"; "why" => why.to_string());
+        }
+        let engine = p.options.as_ref().map(options::from_any).unwrap_or_default();
+        let (config, config_file) = Config::resolve(engine.config_path.as_deref()).map_err(invalid)?;
+        let runtime = runtimes(&engine, &config, &p.namespace, &p.bundle, reaper.clone());
+        let crio = spec::is_crio(&loaded.view.annotations());
+        let kill_all_on_exit = exits::kills_all_on_exit(&loaded.raw);
+
+        let mut undo = Undo {
+            armed: true,
+            bundle: &p.bundle,
+            mounted: None,
+            original_config: None,
+            runtime: None,
+        };
+        prepare_bundle(&p, &mut loaded, &config, runtime.as_ref(), &reaper, &mut undo, &log).await?;
+        let created = run_create(&p, &runtime, &reaper, &mut undo, &log).await?;
+        undo.armed = false;
+        undo.runtime = None;
+        info!(log, "created"; "pid" => created.pid, "oci_runtime" => runtime.identity().binary,
+            "config" => config_file.map(|p| p.display().to_string()).unwrap_or_else(|| "defaults".into()));
+        let cgroup = match ContainerCgroup::for_pid(created.pid) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                warn!(log, "cgroup not found: no stats or OOM events"; "error" => %e);
+                None
+            }
+        };
+        let ooms_baseline = cgroup.as_ref().and_then(|c| c.oom_kills().ok()).unwrap_or(0);
+        Ok(Arc::new(Container {
+            cgroup,
+            ooms_reported: std::sync::atomic::AtomicU64::new(ooms_baseline),
+            oom_killed: AtomicBool::new(false),
+            init_exit: Mutex::new(Some(created.exit)),
+            id: p.id,
+            namespace: p.namespace,
+            rootfs_mounted: undo.mounted.take(),
+            bundle: p.bundle.clone(),
+            runtime,
+            init: created.process,
+            crio,
+            log,
+            execs: Mutex::new(HashMap::new()),
+            exits: ExitOrder::default(),
+            kill_all_on_exit,
+            console_dir: p.console_dir,
+            reaper,
+        }))
+    }
+}
+
+/// Mounts the rootfs (or checks the engine's), applies the spec edits and writes the files the
+/// runtime and a later `delete` need, noting each in `undo`.
+async fn prepare_bundle(
+    p: &CreateParams,
+    loaded: &mut Loaded,
+    config: &Config,
+    runtime: &dyn Runtime,
+    reaper: &Reaper,
+    undo: &mut Undo<'_>,
+    log: &Logger,
+) -> Result<(), TaskError> {
+    if !p.rootfs.is_empty() {
+        // The resolved target (the bundle may sit behind a symlink): what is unmounted later.
+        undo.mounted = Some(mount::mount_all(&p.rootfs, &p.bundle.join("rootfs"), reaper).await?);
+    } else {
+        let root = loaded.view.root_path(&p.bundle);
+        if !root.is_dir() {
+            return Err(invalid(format!("rootfs {} does not exist", root.display())));
+        }
+    }
+    let edits = spec::edit(&p.bundle, loaded, config).map_err(|e| match e {
+        SpecError::Devices(d) => TaskError::InvalidArgument(d.to_string()),
+        other => TaskError::Spec(other),
+    })?;
+    for w in &edits.devices.warnings {
+        warn!(log, "device injection"; "warning" => w);
+    }
+    if edits.changed() {
+        spec::save(&p.bundle, loaded)?;
+        undo.original_config = Some(std::mem::take(&mut loaded.raw));
+        info!(log, "injected devices"; "devices" => edits.devices.devices.join(","));
+    }
+    let identity = runtime.identity();
+    let record = RuntimeRecord {
+        binary: identity.binary,
+        root: identity.root,
+        systemd_cgroup: identity.systemd_cgroup,
+        rootfs_mounted: undo.mounted.is_some(),
+        socket_dir: p.console_dir.clone(),
+    };
+    let record_json = serde_json::to_vec(&record).map_err(|e| TaskError::Internal(e.to_string()))?;
+    files::write_atomic(&p.bundle.join(RUNTIME_FILE), &record_json)
+        .map_err(|e| TaskError::Internal(format!("write {RUNTIME_FILE}: {e}")))?;
+    // Fresh regular files where the runtime writes (its log, the pid file), whatever was
+    // planted under those names: the runtime opens them by path.
+    files::remove_entry(&p.bundle.join(INIT_PID_FILE));
+    files::write_atomic(&p.bundle.join(RUNTIME_LOG), b"")
+        .map_err(|e| TaskError::Internal(format!("write {RUNTIME_LOG}: {e}")))
+}
+
+/// Opens init's stdio and runs the runtime's `create`; on failure the runtime deletes what it
+/// may have left and the stdio closes.
+async fn run_create(
+    p: &CreateParams,
+    runtime: &Arc<dyn Runtime>,
+    reaper: &Reaper,
+    undo: &mut Undo<'_>,
+    log: &Logger,
+) -> Result<Created, TaskError> {
+    let owner = io::Owner {
+        id: &p.id,
+        namespace: &p.namespace,
+        reaper,
+    };
+    let prepared = io::prepare(&p.stdio, &p.console_dir, &owner).await?;
+    let process = Arc::new(Process::new("", p.stdio.clone(), prepared.io.clone()));
+    let pid_file = p.bundle.join(INIT_PID_FILE);
+    let started = Instant::now();
+    let spawn = Spawn {
+        pid_file: &pid_file,
+        console_socket: prepared.console.as_ref().map(|c| c.path.as_path()),
+        stdio: prepared.stdio,
+    };
+    undo.runtime = Some((runtime.clone(), p.id.clone()));
+    let console = prepared.console.as_ref();
+    let created = run_with_console(runtime.create(&p.id, &p.bundle, spawn), console, &prepared.io, &p.stdio).await;
+    match created.and_then(|()| read_pid(&pid_file)) {
+        Ok(pid) => {
+            process.set_pid(pid);
+            // The runtime creates it 0666 less the daemon's umask, which the engine may have left 0.
+            files::restrict(&pid_file, 0o644);
+            let exit = reaper.subscribe_since(pid, Some(started));
+            Ok(Created { process, pid, exit })
+        }
+        Err(e) => {
+            warn!(log, "create failed"; "error" => %e);
+            // The runtime may have left state behind (e.g. a failed start of runc init).
+            let _ = runtime.delete(&p.id, true).await;
+            undo.runtime = None;
+            prepared.io.shutdown().await;
+            Err(e)
+        }
+    }
+}
+
+/// Picks the OCI runtime: runc `Options` from the engine first, then the config file.
+pub fn runtime_for(
+    engine: &EngineOptions,
+    config: &Config,
+    namespace: &str,
+    bundle: &Path,
+    reaper: Reaper,
+) -> OciRuntime {
+    let binary = engine
+        .binary_name
+        .clone()
+        .unwrap_or_else(|| config.runtime.binary.clone());
+    let root = engine
+        .root
+        .as_ref()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| config.runtime.root.clone())
+        .join(namespace);
+    OciRuntime::new(
+        &binary,
+        root,
+        engine.systemd_cgroup || config.runtime.systemd_cgroup,
+        bundle.join(RUNTIME_LOG),
+        reaper,
+    )
+    .with_timeouts(config.runtime.timeouts)
+}
