@@ -1,7 +1,7 @@
 //! Mounting the rootfs containerd hands over in Create, and taking it down again. The mounts
-//! run in a forked helper process: `containerd_shim::mount::mount_rootfs` changes the caller's
-//! working directory for long overlay option strings, `_exit`s when that fails and can block on
-//! loop devices, none of which the daemon's only thread may suffer.
+//! run in a forked helper process: a long overlay option string needs a change of working
+//! directory, and a mount can block (a slow or stuck filesystem), neither of which the
+//! daemon's only thread may suffer. Options become mount(2) calls in [`options`].
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -12,6 +12,8 @@ use thiserror::Error;
 use tokio::io::AsyncReadExt;
 
 use crate::reaper::Reaper;
+
+mod options;
 
 #[derive(Debug, Error)]
 pub enum MountError {
@@ -41,9 +43,13 @@ pub async fn mount_all(mounts: &[Mount], target: &Path, reaper: &Reaper) -> Resu
     })?;
     let work = || {
         for m in mounts {
+            let plan = options::plan(&m.type_, &m.options);
+            if let Some(dir) = &plan.chdir {
+                std::env::set_current_dir(dir).map_err(|e| format!("overlay lower directories under {dir}: {e}"))?;
+            }
             let fs_type = (!m.type_.is_empty()).then_some(m.type_.as_str());
             let source = (!m.source.is_empty()).then_some(m.source.as_str());
-            containerd_shim::mount::mount_rootfs(fs_type, source, &m.options, &target)
+            options::apply(source, fs_type, &target, &plan)
                 .map_err(|e| format!("mount {} {:?}: {e}", m.type_, m.source))?;
         }
         Ok(())
@@ -125,7 +131,7 @@ pub fn unmount_all(target: &Path) -> Result<(), MountError> {
     let Some(t) = target.to_str() else {
         return Ok(());
     };
-    containerd_shim::mount::umount_recursive(Some(t), libc::MNT_DETACH).map_err(|e| MountError::Unmount {
+    options::umount_recursive(t, nix::mount::MntFlags::MNT_DETACH).map_err(|e| MountError::Unmount {
         target: t.to_string(),
         message: e.to_string(),
     })
@@ -189,7 +195,7 @@ mod tests {
         let e = mount_all(&[mount("overlay", "overlay", options)], &dir.path().join("ov"), &reaper)
             .await
             .unwrap_err();
-        assert!(matches!(e, MountError::Helper { .. }), "{e}");
+        assert!(e.to_string().contains("overlay lower directories"), "{e}");
         assert_eq!(std::env::current_dir().unwrap(), cwd, "the daemon's directory changed");
 
         let e = mount_all(&[mount("nosuchfs", "x", vec![])], &dir.path().join("bad"), &reaper)
