@@ -9,6 +9,7 @@ mod crio;
 mod gpu;
 mod install;
 mod lifecycle;
+mod security;
 mod stats_oom;
 mod task_api;
 mod trust;
