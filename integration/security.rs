@@ -336,3 +336,73 @@ async fn crio_annotations_engine_profiles_and_apparmor() {
     crate::common::crio_kill_and_remove(&client, "secpod").await;
     assert_clean(env, &ns);
 }
+
+/// Sets `[devices] nvidia_visible_devices` in a GPU namespace's config (read at each Create).
+fn env_opt_in(ns: &Ns, on: bool) {
+    let text = std::fs::read_to_string(&ns.config).unwrap();
+    let text = text.replace(
+        &format!("nvidia_visible_devices = {}", !on),
+        &format!("nvidia_visible_devices = {on}"),
+    );
+    std::fs::write(&ns.config, text).unwrap();
+}
+
+fn gpu_nodes(out: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = out
+        .split_whitespace()
+        .filter(|w| w.starts_with("nvidia") && w[6..].chars().all(|c| c.is_ascii_digit()) && w.len() > 6)
+        .map(String::from)
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+#[test]
+fn nvidia_visible_devices_is_opt_in_for_unprivileged_containers() {
+    let env = env();
+    let host = crate::gpu::gpu_host("sec-gpu-env");
+    let list = ["sh", "-c", "ls /dev; echo listed"];
+    let all = ["--env", "NVIDIA_VISIBLE_DEVICES=all"];
+    env_opt_in(&host.ns, false);
+    let o = env.ctr_run(&host.ns, "ge1", &all, &list);
+    assert!(o.status.success() && text(&o).contains("listed"), "{}", text(&o));
+    assert!(gpu_nodes(&text(&o)).is_empty(), "{}", text(&o));
+    // Privileged containers are trusted either way.
+    let mut privileged = all.to_vec();
+    privileged.push("--privileged");
+    let o = env.ctr_run(
+        &host.ns,
+        "ge2",
+        &privileged,
+        &["sh", "-c", "ls /dev/nvidia0 /dev/nvidia1"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    env_opt_in(&host.ns, true);
+    let o = env.ctr_run(&host.ns, "ge3", &all, &list);
+    assert_eq!(gpu_nodes(&text(&o)), ["nvidia0", "nvidia1"], "{}", text(&o));
+    assert_clean(env, &host.ns);
+}
+
+#[test]
+fn volume_mounts_inject_exactly_the_listed_gpus_and_execs_get_the_injected_env() {
+    let env = env();
+    let host = crate::gpu::gpu_host("sec-gpu-mounts");
+    env_opt_in(&host.ns, false);
+    let mount = "type=bind,src=/dev/null,dst=/var/run/nvidia-container-devices/1,options=rbind:ro";
+    let o = env.ctr_run_detached(&host.ns, "gm1", &["--mount", mount], &["sleep", "1000"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = env.ctr(
+        &host.ns.name,
+        &["task", "exec", "--exec-id", "ls", "gm1", "sh", "-c", "ls /dev; env"],
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert_eq!(gpu_nodes(&out), ["nvidia1"], "{out}");
+    // The CDI spec's env edit reached init; the engine's exec process did not carry it.
+    assert!(out.contains("NVIDIA_VISIBLE_DEVICES=void"), "{out}");
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(env.bundle(&host.ns.name, "gm1").join("config.json")).unwrap()).unwrap();
+    assert_eq!(spec["annotations"]["gantry.dev/injected-devices"], "nvidia.com/gpu=1");
+    env.kill_and_remove(&host.ns.name, "gm1");
+    assert_clean(env, &host.ns);
+}
