@@ -283,6 +283,24 @@ fn carry_unmodelled(original: Value, modelled: &Value, edited: Value) -> Value {
     }
 }
 
+/// An exec's process JSON with what Create decided for its container (read back from the
+/// bundle's `config.json`): the env device injection gave init, and the security policy's
+/// limits. Unchanged when either side cannot be read: the exec then runs as the engine asked.
+pub fn edit_exec(bundle: &Path, process: Vec<u8>) -> Vec<u8> {
+    let Ok((_, raw)) = read(bundle) else {
+        return process;
+    };
+    let (Ok(container), Ok(mut edited)) = (
+        serde_json::from_slice::<Value>(&raw),
+        serde_json::from_slice::<Value>(&process),
+    ) else {
+        return process;
+    };
+    devices::exec_env::apply(&container, &mut edited);
+    security::exec::apply(&container, &mut edited);
+    serde_json::to_vec(&edited).unwrap_or(process)
+}
+
 /// The pod a container belongs to, so all of a pod's containers share one daemon.
 pub fn group_id(annotations: &HashMap<String, String>) -> Option<String> {
     [CRIO_SANDBOX_ID, CRI_SANDBOX_ID, RUNC_GROUP]

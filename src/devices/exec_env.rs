@@ -5,8 +5,6 @@
 //! would lack e.g. `NVIDIA_VISIBLE_DEVICES=void` or a library path a CDI spec set. The entries
 //! are recorded in the `gantry.dev/injected-env` annotation at Create and set on each exec.
 
-use std::path::Path;
-
 use oci_spec::runtime::Spec;
 use serde_json::Value;
 
@@ -31,78 +29,77 @@ pub(crate) fn record(spec: &mut Spec, sets: &[EditSet]) {
     annotations.insert(INJECTED_ENV_ANNOTATION.to_string(), json);
 }
 
-/// `process` (an exec's process JSON) with the entries recorded in the bundle's config.json
-/// set, replacing the same keys. Unchanged when nothing was recorded or anything is unreadable:
-/// the exec then runs as the engine asked.
-pub fn with_injected_env(bundle: &Path, process: Vec<u8>) -> Vec<u8> {
-    let Ok(annotations) = crate::spec::load_annotations(bundle) else {
-        return process;
-    };
-    let Some(entries) = annotations
-        .get(INJECTED_ENV_ANNOTATION)
+/// Sets the entries recorded in the container's `config.json` (`container`, as written at
+/// Create) on an exec's process, replacing the same keys. Nothing changes when nothing was
+/// recorded or the process env is not a list of strings: the exec then runs as the engine asked.
+pub fn apply(container: &Value, process: &mut Value) {
+    let Some(entries) = container
+        .pointer(&format!("/annotations/{}", INJECTED_ENV_ANNOTATION.replace('/', "~1")))
+        .and_then(Value::as_str)
         .and_then(|v| serde_json::from_str::<Vec<String>>(v).ok())
     else {
-        return process;
+        return;
     };
-    apply(&process, &entries).unwrap_or(process)
-}
-
-fn apply(process: &[u8], entries: &[String]) -> Option<Vec<u8>> {
-    let mut value: Value = serde_json::from_slice(process).ok()?;
-    let object = value.as_object_mut()?;
+    let Some(object) = process.as_object_mut() else {
+        return;
+    };
     let mut env: Vec<String> = match object.get("env") {
         None | Some(Value::Null) => Vec::new(),
-        Some(v) => serde_json::from_value(v.clone()).ok()?,
+        Some(v) => match serde_json::from_value(v.clone()) {
+            Ok(env) => env,
+            Err(_) => return,
+        },
     };
-    for entry in entries {
+    for entry in &entries {
         set_env(&mut env, entry);
     }
     object.insert("env".into(), env.into());
-    serde_json::to_vec(&value).ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn bundle_with(annotation: Option<&str>) -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
+    fn container(annotation: Option<&str>) -> Value {
         let mut spec = serde_json::json!({"ociVersion": "1.0.2", "annotations": {}});
         if let Some(a) = annotation {
             spec["annotations"][INJECTED_ENV_ANNOTATION] = a.into();
         }
-        std::fs::write(dir.path().join("config.json"), spec.to_string()).unwrap();
-        dir
+        spec
     }
 
     #[test]
     fn exec_env_gets_the_recorded_entries() {
-        let dir = bundle_with(Some(
+        let c = container(Some(
             r#"["NVIDIA_VISIBLE_DEVICES=void","LD_LIBRARY_PATH=/usr/lib/nvidia"]"#,
         ));
-        let process = br#"{"args":["env"],"cwd":"/","env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=all"],"x":1}"#;
-        let out: Value = serde_json::from_slice(&with_injected_env(dir.path(), process.to_vec())).unwrap();
+        let mut p =
+            serde_json::json!({"args":["env"],"cwd":"/","env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=all"],"x":1});
+        apply(&c, &mut p);
         assert_eq!(
-            out["env"],
+            p["env"],
             serde_json::json!([
                 "PATH=/bin",
                 "NVIDIA_VISIBLE_DEVICES=void",
                 "LD_LIBRARY_PATH=/usr/lib/nvidia"
             ])
         );
-        assert_eq!(out["x"], 1);
-        let out: Value =
-            serde_json::from_slice(&with_injected_env(dir.path(), br#"{"args":["env"]}"#.to_vec())).unwrap();
-        assert_eq!(out["env"][0], "NVIDIA_VISIBLE_DEVICES=void");
+        assert_eq!(p["x"], 1);
+        let mut p = serde_json::json!({"args":["env"]});
+        apply(&c, &mut p);
+        assert_eq!(p["env"][0], "NVIDIA_VISIBLE_DEVICES=void");
     }
 
     #[test]
     fn without_a_record_the_exec_is_untouched() {
-        let process = br#"{"args":["env"],"env":["A=1"]}"#.to_vec();
-        let dir = bundle_with(None);
-        assert_eq!(with_injected_env(dir.path(), process.clone()), process);
-        let dir = bundle_with(Some("not json"));
-        assert_eq!(with_injected_env(dir.path(), process.clone()), process);
-        assert_eq!(with_injected_env(Path::new("/nonexistent"), process.clone()), process);
+        let process = serde_json::json!({"args":["env"],"env":["A=1"]});
+        for c in [container(None), container(Some("not json"))] {
+            let mut p = process.clone();
+            apply(&c, &mut p);
+            assert_eq!(p, process);
+        }
+        let mut odd = serde_json::json!({"env": "A=1"});
+        apply(&container(Some(r#"["B=2"]"#)), &mut odd);
+        assert_eq!(odd["env"], "A=1");
     }
 }

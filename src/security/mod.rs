@@ -7,6 +7,7 @@
 
 pub mod apparmor;
 pub mod caps;
+pub mod exec;
 pub mod seccomp;
 pub mod syscalls;
 
