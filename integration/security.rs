@@ -182,6 +182,29 @@ fn capabilities_outside_the_allow_list_are_dropped_or_refused() {
 }
 
 #[test]
+fn execs_stay_within_the_containers_policy() {
+    let env = env();
+    let ns = env.namespace_with("sec-exec", &hardened(&[]));
+    let o = env.ctr_run_detached(&ns, "x1", &[], &["sleep", "1000"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // ctr builds the exec's process from the container's spec as it sent it (CAP_NET_RAW, no
+    // no_new_privileges); the exec must not get back what the policy took from init.
+    let o = env.ctr(
+        &ns.name,
+        &["task", "exec", "--exec-id", "st", "x1", "cat", "/proc/self/status"],
+    );
+    let status = text(&o);
+    assert!(o.status.success(), "{status}");
+    for set in ["CapBnd", "CapEff", "CapPrm"] {
+        assert!(!has_cap(&status, set, CAP_NET_RAW), "{set}: {status}");
+    }
+    assert_eq!(status_field(&status, "NoNewPrivs"), "1");
+    assert_eq!(status_field(&status, "Seccomp"), "2");
+    env.kill_and_remove(&ns.name, "x1");
+    assert_clean(env, &ns);
+}
+
+#[test]
 fn engine_profile_through_containerd_is_kept() {
     let env = env();
     let ns = env.namespace_with("sec-engine", &hardened(&[]));
