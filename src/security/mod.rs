@@ -214,6 +214,7 @@ fn checks(cfg: &SecurityConfig) -> Checks {
     Checks {
         unknown: cfg.unknown_syscalls,
         require_default_deny: cfg.require_default_deny,
+        all_arches: true,
     }
 }
 
@@ -276,7 +277,11 @@ fn default_profile(
             "runtime-default of gantry".to_string(),
         ),
     };
-    seccomp::validate_cached(&profile, checks(cfg)).map_err(|error| SecurityError::Seccomp { from, error })?;
+    let checks = Checks {
+        all_arches: matches!(default, SeccompDefault::File(_)),
+        ..checks(cfg)
+    };
+    seccomp::validate_cached(&profile, checks).map_err(|error| SecurityError::Seccomp { from, error })?;
     serde_json::to_value(&*profile).map_err(|e| SecurityError::ProfileFile {
         path: PathBuf::new(),
         why: e.to_string(),

@@ -27,6 +27,7 @@ fn rules_for<'a>(p: &'a Profile, name: &str) -> Vec<&'a Rule> {
 const STRICT: Checks = Checks {
     unknown: Unknown::Reject,
     require_default_deny: true,
+    all_arches: true,
 };
 
 #[test]
@@ -150,6 +151,7 @@ fn validation_names_the_rule_and_the_key() {
     let warn = Checks {
         unknown: Unknown::Warn,
         require_default_deny: false,
+        all_arches: true,
     };
     let w = validate(&unknown, warn).unwrap();
     assert!(
@@ -166,6 +168,11 @@ fn validation_names_the_rule_and_the_key() {
     );
     let e = validate(&arch, warn).unwrap_err();
     assert!(e.rule == "architectures[1]" && e.why.contains("SCMP_ARCH_VAX"), "{e}");
+    let native_only = Checks {
+        all_arches: false,
+        ..warn
+    };
+    assert_eq!(validate(&arch, native_only).unwrap_err().rule, "architectures[1]");
 
     let allow = engine(
         serde_json::json!({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["kexec_load"], "action": "SCMP_ACT_ERRNO"}]}),
@@ -211,6 +218,7 @@ fn validation_results_are_cached() {
     let warn = Checks {
         unknown: Unknown::Warn,
         require_default_deny: true,
+        all_arches: true,
     };
     assert!(validate_cached(&p, warn).is_ok(), "the checks are part of the key");
 }
