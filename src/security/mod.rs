@@ -210,11 +210,13 @@ pub fn seccomp_choice(has_profile: bool, privileged: bool, crio: Option<&str>, c
     }
 }
 
+/// At Create the rules are built for the native architecture (the one this host runs, ~0.5 ms
+/// for 360 names against ~3 ms for three); the other listed ones are checked by name.
 fn checks(cfg: &SecurityConfig) -> Checks {
     Checks {
         unknown: cfg.unknown_syscalls,
         require_default_deny: cfg.require_default_deny,
-        all_arches: true,
+        all_arches: false,
     }
 }
 
@@ -277,15 +279,15 @@ fn default_profile(
             "runtime-default of gantry".to_string(),
         ),
     };
-    let checks = Checks {
-        all_arches: matches!(default, SeccompDefault::File(_)),
-        ..checks(cfg)
+    let checks = checks(cfg);
+    let refused = |rule: &str, why: String| ProfileError {
+        rule: rule.into(),
+        why,
+        key: None,
     };
-    seccomp::validate_cached(&profile, checks).map_err(|error| SecurityError::Seccomp { from, error })?;
-    serde_json::to_value(&*profile).map_err(|e| SecurityError::ProfileFile {
-        path: PathBuf::new(),
-        why: e.to_string(),
-    })
+    seccomp::validate_cached(&profile, checks)
+        .and_then(|_| serde_json::to_value(&*profile).map_err(|e| refused("linux.seccomp", e.to_string())))
+        .map_err(|error| SecurityError::Seccomp { from, error })
 }
 
 /// Applies the policy to `doc` (the whole `config.json`). On error nothing was decided for

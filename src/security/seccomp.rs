@@ -78,9 +78,8 @@ pub struct Checks {
     pub unknown: Unknown,
     pub require_default_deny: bool,
     /// Build the rules for every listed architecture (about 3 ms for a 360-name profile on
-    /// three), or for the native one only, the listed ones just checked by libseccomp (about
-    /// 0.5 ms): enough for gantry's own profile, whose names come from libseccomp and whose
-    /// rules do not depend on the architecture (its tests build it for all of them).
+    /// three; the tests do, for gantry's profile), or for the native one only, the listed ones
+    /// just checked by libseccomp (about 0.5 ms; what Create does).
     pub all_arches: bool,
 }
 
