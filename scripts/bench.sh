@@ -126,7 +126,7 @@ cleanup() {
   trap - EXIT INT TERM
   set +e
   if [ -n "$cd_pid" ] && kill -0 "$cd_pid" 2>/dev/null; then
-    for n in "$ns" "$ns-drv"; do
+    for n in "$ns" "$ns-drv" "$ns-sec"; do
       # shellcheck disable=SC2016 # $1.. expand in the inner sh
       ctr --address "$sock" -n "$n" containers ls -q 2>/dev/null |
         xargs -r -P 8 -I{} sh -c 'timeout 20 ctr --address "$1" -n "$2" tasks rm -f "$3" >/dev/null 2>&1; timeout 20 ctr --address "$1" -n "$2" containers rm "$3" >/dev/null 2>&1' _ "$sock" "$n" {}
@@ -138,7 +138,7 @@ cleanup() {
   fi
   # Whatever survived: shim daemons (and the sockets they leave), runtime state, mounts, cgroups.
   local addrs
-  addrs=$(cat "$work"/state/io.containerd.runtime.v2.task/*/*/address "$work"/drv-*/*/address 2>/dev/null)
+  addrs=$(cat "$work"/state/io.containerd.runtime.v2.task/*/*/address "$work"/drv-*/*/address "$work"/sec-*/*/address 2>/dev/null)
   list_shims | awk '{print $1}' | xargs -r kill -9 2>/dev/null
   for p in /proc/[0-9]*; do
     if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q -- "$work"; then kill -9 "${p#/proc/}" 2>/dev/null; fi
@@ -147,7 +147,7 @@ cleanup() {
     a=${a#unix://}
     [ -S "$a" ] && rm -f "$a"
   done
-  for n in "$ns" "$ns-drv"; do
+  for n in "$ns" "$ns-drv" "$ns-sec"; do
     for r in "/run/containerd/runc/$n" "$work/rt/$n"; do
       for rt in runc crun; do
         [ -d "$r" ] || continue
@@ -157,7 +157,7 @@ cleanup() {
     rm -rf "/run/containerd/runc/$n"
   done
   grep " $work" /proc/self/mountinfo | awk '{print $5}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
-  for n in "$ns" "$ns-drv"; do
+  for n in "$ns" "$ns-drv" "$ns-sec"; do
     find /sys/fs/cgroup/*/"$n" -depth -type d -exec rmdir {} \; 2>/dev/null
   done
   if [ -n "${GANTRY_BENCH_KEEP:-}" ]; then echo "bench.sh: kept $work"; else rm -rf "$work"; fi
@@ -410,6 +410,25 @@ created_counted=$("$gantry_bin" metrics --log "$work/events/events.jsonl" | awk 
 kill "$exp_pid" "$scrape_pid" 2>/dev/null || true
 wait "$exp_pid" "$scrape_pid" 2>/dev/null || true
 
+phase "Create with gantry's runtime-default seccomp profile against none (driver, gantry alone)"
+# A second gantry whose config adds the policy, interleaved run by run with the plain one. The
+# profile is generated and validated once per daemon; the runtime loads it on every create.
+{ cat "$work/gantry-runc.toml"; printf '[security]\nseccomp_default = "runtime-default"\n'; } >"$work/gantry-seccomp.toml"
+printf '#!/bin/sh\nGANTRY_CONFIG=%s exec %s "$@"\n' "$work/gantry-seccomp.toml" "$gantry_bin" >"$work/gantry-seccomp"
+chmod +x "$work/gantry-seccomp"
+for rt in "${RUNTIMES[@]}"; do
+  rt_flag=()
+  [ "$rt" = runc ] || rt_flag=(--runtime-binary "$rt")
+  GANTRY_CONFIG="$work/gantry-runc.toml" "$driver" \
+    --shim "gantry=$gantry_bin" --shim "seccomp=$work/gantry-seccomp" \
+    --rootfs "$work/image/rootfs" --workdir "$work/sec-$rt" \
+    --address "$sock" --ttrpc-address "$sock.ttrpc" --namespace "$ns-sec" \
+    --runs "$N_DRV" "${rt_flag[@]}" --summary "$work/sec-$rt.tsv" >"$work/sec-$rt.json"
+  while IFS=$'\t' read -r k key v; do
+    [ "$key" = create_p50 ] && record "create_seccomp.$rt" "$k" "$v"
+  done <"$work/sec-$rt.tsv"
+done
+
 # ---- the table and the JSON ----------------------------------------------------------------
 # KEY|LABEL|UNIT|TARGET   (TARGET: r<=X or r>=X on the ratio gantry/Go, a<=X on gantry's value)
 rows=()
@@ -500,6 +519,9 @@ for rt in "${RUNTIMES[@]}"; do
     END { z = c["gantry"] - (l["gantry"] - l["oci-runtime"])
           printf "reference, ctr run --rm with a zero-cost shim on %s: about %.1f ms = %.2fx the Go shim'"'"'s (containerd and ctr: %.1f ms)\n",
             rt, z, z / c["go"], c["gantry"] - l["gantry"] }' "$work/results.tsv"
+  awk -F'\t' -v rt="$rt" '$1 == "create_seccomp." rt { v[$2] = $3 }
+    END { printf "reference, Create RPC p50 (driver) on %s with seccomp_default = runtime-default: %.3f ms against %.3f ms without (%+.3f ms, the runtime loading the filter included)\n",
+            rt, v["seccomp"], v["gantry"], v["seccomp"] - v["gantry"] }' "$work/results.tsv"
 done
 # The event log's cost on the request path (target: Create p50 within 0.5 ms of off).
 awk -F'\t' -v created="$created_counted" '$2 == "create_p50" { v[$1] = $3 }

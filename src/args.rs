@@ -14,6 +14,8 @@ pub enum Action {
     Info,
     Features,
     CheckConfig(Option<String>),
+    /// `seccomp-profile [--caps A,B]`: print gantry's runtime-default seccomp profile.
+    SeccompProfile(Option<String>),
 }
 
 /// Flags shared by every action.
@@ -44,6 +46,7 @@ pub enum ArgsError {
 pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<(Flags, Action), ArgsError> {
     let mut flags = Flags::default();
     let mut action = None;
+    let mut caps = None;
     let mut positional = Vec::new();
     let mut i = 0;
     while i < args.len() {
@@ -86,6 +89,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<(Flags, Action), ArgsError> {
             "debug" => flags.debug = parse_bool(name, inline.as_deref())?,
             "v" | "version" => action = Some(Action::Version),
             "info" => action = Some(Action::Info),
+            "caps" => caps = Some(value(name)?),
             // Flags newer engines pass that gantry has no use for.
             "systemd-cgroup" | "criu" | "runtime-root" => {
                 if inline.is_none() && name != "systemd-cgroup" {
@@ -103,6 +107,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<(Flags, Action), ArgsError> {
             Some("delete") => Action::Delete,
             Some("features") => Action::Features,
             Some("check-config") => Action::CheckConfig(positional.get(1).cloned()),
+            Some("seccomp-profile") => Action::SeccompProfile(caps),
             Some(other) => return Err(ArgsError::UnknownAction(other.to_string())),
         },
     };
@@ -164,6 +169,13 @@ mod tests {
         assert_eq!(
             parse(&["check-config", "/x.toml"]).unwrap().1,
             Action::CheckConfig(Some("/x.toml".into()))
+        );
+        assert_eq!(parse(&["seccomp-profile"]).unwrap().1, Action::SeccompProfile(None));
+        assert_eq!(
+            parse(&["seccomp-profile", "--caps", "CAP_SYS_ADMIN,CAP_BPF"])
+                .unwrap()
+                .1,
+            Action::SeccompProfile(Some("CAP_SYS_ADMIN,CAP_BPF".into()))
         );
         assert_eq!(parse(&["-id"]), Err(ArgsError::MissingValue("id".into())));
         assert_eq!(parse(&["-bogus", "x"]), Err(ArgsError::UnknownFlag("bogus".into())));

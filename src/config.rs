@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::devices::DeviceConfig;
+use crate::security::SecurityConfig;
 
 /// Where the system-wide config lives when nothing else names one.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gantry/config.toml";
@@ -20,6 +21,7 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     pub devices: DeviceConfig,
     pub events: crate::telemetry::EventsConfig,
+    pub security: SecurityConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -184,6 +186,9 @@ impl Config {
                 let msg = format!("must be between 1 and {MAX_TIMEOUT_SECS} seconds, not {secs}");
                 return Err(Config::invalid(path, find(key), format!("runtime.timeouts.{key}"), msg));
             }
+        }
+        if let Err((key, msg)) = self.security.validate() {
+            return Err(Config::invalid(path, find(key), format!("security.{key}"), msg));
         }
         if !self.shim.socket_dir.is_absolute() {
             let msg = "must be an absolute path".to_string();

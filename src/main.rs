@@ -33,6 +33,7 @@ fn run() -> Result<()> {
         Action::Version => out.write_all(bootstrap::version_text().as_bytes())?,
         Action::Info => out.write_all(&current_thread()?.block_on(bootstrap::info()))?,
         Action::Features => out.write_all(&current_thread()?.block_on(bootstrap::features())?)?,
+        Action::SeccompProfile(caps) => out.write_all(gantry::security::profile_json(caps.as_deref()).as_bytes())?,
         Action::CheckConfig(path) => out.write_all(bootstrap::check_config(path.as_deref())?.as_bytes())?,
         Action::Start => {
             let stdin = bootstrap::read_stdin();

@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use crate::config::Config;
 use crate::devices::{self, DeviceError, Injection};
+use crate::security::{self, SecurityError};
 
 pub const CRIO_SANDBOX_ID: &str = "io.kubernetes.cri-o.SandboxID";
 pub const CRIO_CONTAINER_TYPE: &str = "io.kubernetes.cri-o.ContainerType";
@@ -37,6 +38,8 @@ pub enum SpecError {
     Unmodelled { path: PathBuf, why: String },
     #[error(transparent)]
     Devices(#[from] DeviceError),
+    #[error(transparent)]
+    Security(#[from] SecurityError),
 }
 
 /// Ids become file and directory names: refuse anything that could escape or confuse them.
@@ -157,6 +160,9 @@ pub struct Loaded {
     /// those, as the runc shim does: such a spec goes to the runtime untouched, and only an
     /// edit (device injection) is refused.
     pub spec: Result<Spec, serde_json::Error>,
+    /// The whole document after every edit, once the security policy edited it (it works on
+    /// the JSON, so a spec oci-spec cannot represent can be hardened too); what [`save`] writes.
+    pub doc: Option<Value>,
 }
 
 /// True when oci-spec refused a document only for a value it has no variant for.
@@ -185,7 +191,12 @@ pub fn load(bundle: &Path) -> Result<Loaded, SpecError> {
         Err(e) if !is_newer_than_model(&e) => return Err(SpecError::Parse { path, source: e }),
         parsed => parsed,
     };
-    Ok(Loaded { raw, view, spec })
+    Ok(Loaded {
+        raw,
+        view,
+        spec,
+        doc: None,
+    })
 }
 
 /// Only the annotations of the bundle's config.json: `start` needs nothing else, and skipping
@@ -200,6 +211,21 @@ pub fn load_annotations(bundle: &Path) -> Result<HashMap<String, String>, SpecEr
 /// model: vendor extensions and fields newer than the crate survive wherever the edits left
 /// that part of the document alone, so runc sees what the engine wrote plus the edits.
 pub fn save(bundle: &Path, loaded: &Loaded) -> Result<(), SpecError> {
+    let path = config_path(bundle);
+    let data = match &loaded.doc {
+        Some(doc) => serde_json::to_vec(doc),
+        None => serde_json::to_vec(&merged(bundle, loaded)?),
+    }
+    .map_err(|e| SpecError::Write {
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    // Renamed into place: atomic for a concurrent reader, and never written through a link.
+    crate::files::write_atomic(&path, &data).map_err(|source| SpecError::Write { path, source })
+}
+
+/// The typed spec's edits over the document as read (see [`carry_unmodelled`]).
+fn merged(bundle: &Path, loaded: &Loaded) -> Result<Value, SpecError> {
     let path = config_path(bundle);
     let spec = loaded.spec.as_ref().map_err(|why| SpecError::Unmodelled {
         path: path.clone(),
@@ -219,9 +245,7 @@ pub fn save(bundle: &Path, loaded: &Loaded) -> Result<(), SpecError> {
     let modelled = serde_json::from_slice::<Spec>(&loaded.raw)
         .and_then(serde_json::to_value)
         .map_err(write_err)?;
-    let data = serde_json::to_vec(&carry_unmodelled(original, &modelled, edited)).map_err(write_err)?;
-    // Renamed into place: atomic for a concurrent reader, and never written through a link.
-    crate::files::write_atomic(&path, &data).map_err(|source| SpecError::Write { path, source })
+    Ok(carry_unmodelled(original, &modelled, edited))
 }
 
 /// `edited`, plus what the typed round trip of `original` (`modelled`) dropped. Objects keep
@@ -264,6 +288,24 @@ fn carry_unmodelled(original: Value, modelled: &Value, edited: Value) -> Value {
     }
 }
 
+/// An exec's process JSON with what Create decided for its container (read back from the
+/// bundle's `config.json`): the env device injection gave init, and the security policy's
+/// limits. Unchanged when either side cannot be read: the exec then runs as the engine asked.
+pub fn edit_exec(bundle: &Path, process: Vec<u8>) -> Vec<u8> {
+    let Ok((_, raw)) = read(bundle) else {
+        return process;
+    };
+    let (Ok(container), Ok(mut edited)) = (
+        serde_json::from_slice::<Value>(&raw),
+        serde_json::from_slice::<Value>(&process),
+    ) else {
+        return process;
+    };
+    devices::exec_env::apply(&container, &mut edited);
+    security::exec::apply(&container, &mut edited);
+    serde_json::to_vec(&edited).unwrap_or(process)
+}
+
 /// The pod a container belongs to, so all of a pod's containers share one daemon.
 pub fn group_id(annotations: &HashMap<String, String>) -> Option<String> {
     [CRIO_SANDBOX_ID, CRI_SANDBOX_ID, RUNC_GROUP]
@@ -280,23 +322,50 @@ pub fn is_crio(annotations: &HashMap<String, String>) -> bool {
 #[derive(Debug, Default)]
 pub struct Edits {
     pub devices: Injection,
+    pub security: security::Report,
 }
 
 impl Edits {
     pub fn changed(&self) -> bool {
-        !self.devices.devices.is_empty()
+        !self.devices.devices.is_empty() || self.security.changed
     }
 }
 
-/// Runs every spec edit in order. A spec oci-spec cannot represent is left alone unless an
-/// edit is asked for, which is then refused.
+/// Runs every spec edit in order: devices on the typed spec, then the security policy on the
+/// resulting document. A spec oci-spec cannot represent gets no device edits (asking for one
+/// is refused) but is judged by the security policy all the same.
 pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config) -> Result<Edits, SpecError> {
+    let devices = edit_devices(bundle, loaded, config)?;
+    // Without a policy only an engine profile needs a look (validation); skip the JSON then.
+    let has_profile = match &loaded.spec {
+        Ok(spec) => spec.linux().as_ref().is_some_and(|l| l.seccomp().is_some()),
+        Err(_) => true,
+    };
+    if !has_profile && config.security == security::SecurityConfig::default() {
+        return Ok(Edits {
+            devices,
+            security: security::Report::default(),
+        });
+    }
+    let mut doc = if devices.devices.is_empty() {
+        serde_json::from_slice(&loaded.raw).map_err(|source| SpecError::Parse {
+            path: config_path(bundle),
+            source,
+        })?
+    } else {
+        merged(bundle, loaded)?
+    };
+    let security = security::apply(&mut doc, &config.security)?;
+    if security.changed {
+        loaded.doc = Some(doc);
+    }
+    Ok(Edits { devices, security })
+}
+
+fn edit_devices(bundle: &Path, loaded: &mut Loaded, config: &Config) -> Result<Injection, SpecError> {
     let privileged = devices::is_privileged(loaded.view.bounding());
     match &mut loaded.spec {
-        Ok(spec) => {
-            let devices = devices::inject(spec, &config.devices, privileged)?;
-            Ok(Edits { devices })
-        }
+        Ok(spec) => Ok(devices::inject(spec, &config.devices, privileged)?),
         Err(why) => {
             let asked = devices::asked(
                 loaded.view.annotations.as_ref(),
@@ -310,11 +379,10 @@ pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config) -> Result<Edits
                     why: why.to_string(),
                 });
             }
-            let devices = Injection {
+            Ok(Injection {
                 warnings: asked.warning.into_iter().collect(),
                 ..Default::default()
-            };
-            Ok(Edits { devices })
+            })
         }
     }
 }
@@ -511,6 +579,28 @@ mod tests {
         bad["process"]["args"] = "true".into();
         let e = load_value(&bad).1.err().unwrap().to_string();
         assert!(e.starts_with("malformed") && e.contains("config.json"), "{e}");
+    }
+
+    #[test]
+    fn a_newer_spec_is_hardened_by_name_and_saved_as_a_document() {
+        let mut config = Config::default();
+        config.security.allowed_capabilities = Some(vec!["CAP_CHOWN".into()]);
+        config.security.capability_violation = crate::security::Violation::Drop;
+        let (dir, loaded) = load_value(&newer_spec(serde_json::json!({"k": "v"})));
+        let mut loaded = loaded.unwrap();
+        let edits = edit(dir.path(), &mut loaded, &config).unwrap();
+        assert!(edits.changed());
+        save(dir.path(), &loaded).unwrap();
+        let saved: Value = serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap()).unwrap();
+        assert_eq!(
+            saved["process"]["capabilities"]["bounding"],
+            serde_json::json!(["CAP_CHOWN"])
+        );
+        assert_eq!(
+            saved["annotations"]["gantry.dev/capabilities-dropped"],
+            "CAP_FUTURE_THING"
+        );
+        assert_eq!(saved["annotations"]["k"], "v");
     }
 
     #[test]

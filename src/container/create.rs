@@ -205,15 +205,19 @@ async fn prepare_bundle(
     }
     let edits = spec::edit(&p.bundle, loaded, config).map_err(|e| match e {
         SpecError::Devices(d) => TaskError::InvalidArgument(d.to_string()),
+        SpecError::Security(s) => TaskError::InvalidArgument(format!("container {:?}: {s}", p.id)),
         other => TaskError::Spec(other),
     })?;
     for w in &edits.devices.warnings {
         warn!(log, "device injection"; "warning" => w);
     }
+    crate::security::log(log, &edits.security);
     if edits.changed() {
         spec::save(&p.bundle, loaded)?;
         undo.original_config = Some(std::mem::take(&mut loaded.raw));
-        info!(log, "injected devices"; "devices" => edits.devices.devices.join(","));
+        if !edits.devices.is_empty() {
+            info!(log, "injected devices"; "devices" => edits.devices.devices.join(","));
+        }
     }
     let identity = runtime.identity();
     let record = RuntimeRecord {

@@ -50,6 +50,7 @@ impl Container {
             )));
         }
         let json = exec_process_json(exec_id, &spec.value, stdio.terminal)?;
+        let json = spec::edit_exec(&self.bundle, json);
         let p = Arc::new(Process::new(exec_id, stdio, Arc::default()));
         files::write_atomic(&self.exec_spec_path(exec_id), &json)
             .map_err(|e| TaskError::Internal(format!("write exec spec: {e}")))?;

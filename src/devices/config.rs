@@ -7,10 +7,13 @@ use super::DeviceError;
 
 /// Device injection settings and policy (`[devices]` in the TOML config).
 ///
-/// Defaults keep today's behaviour of CDI-aware engines (honour CDI
-/// annotations, honour `NVIDIA_VISIBLE_DEVICES` like the NVIDIA toolkit's
-/// `accept-nvidia-visible-devices-envvar-when-unprivileged = true`) and never
-/// hand all GPUs to a privileged container that did not ask for them.
+/// Defaults trust only what the device-plugin path can produce for an
+/// unprivileged container: CDI names (the engine's CDI fields, `cdi.k8s.io/*`
+/// annotations) and the NVIDIA device plugin's `volume-mounts` list. A pod's
+/// own `NVIDIA_VISIBLE_DEVICES` is honoured for privileged containers only,
+/// like the NVIDIA toolkit's
+/// `accept-nvidia-visible-devices-envvar-when-unprivileged = false`; any pod
+/// could otherwise take every GPU past the device plugin's accounting.
 #[derive(Debug, Clone, serde::Deserialize, serde::Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeviceConfig {
@@ -25,10 +28,13 @@ pub struct DeviceConfig {
     pub nvidia_kind: String,
     /// Honour `NVIDIA_VISIBLE_DEVICES` in unprivileged containers (privileged
     /// containers are always honoured, as by the NVIDIA toolkit). Default
-    /// true: CUDA images that set it get those GPUs even without a CDI
-    /// request, which is what `ctr`/nerdctl users rely on. Set false where
-    /// only an orchestrator may hand out GPUs.
+    /// false: the variable is the pod's own to set. Opt in where the device
+    /// plugin's `envvar` strategy is used and every pod is trusted.
     pub nvidia_visible_devices: bool,
+    /// Honour the NVIDIA device plugin's `volume-mounts` strategy: a bind
+    /// mount of `/dev/null` at `/var/run/nvidia-container-devices/<id>` per
+    /// allocated GPU (index, UUID or `all`), resolved like the env variable.
+    pub nvidia_volume_mounts: bool,
     /// Fully qualified CDI names injected into every container. Exempt from
     /// the request policy below: the administrator asked for them.
     pub default_devices: Vec<String>,
@@ -49,7 +55,8 @@ impl Default for DeviceConfig {
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
             dev_root: PathBuf::from("/dev"),
             nvidia_kind: "nvidia.com/gpu".to_string(),
-            nvidia_visible_devices: true,
+            nvidia_visible_devices: false,
+            nvidia_volume_mounts: true,
             default_devices: Vec::new(),
             allow_annotations: true,
             allow_all: true,
@@ -96,7 +103,8 @@ mod tests {
         );
         assert_eq!(empty.dev_root, PathBuf::from("/dev"));
         assert_eq!(empty.nvidia_kind, "nvidia.com/gpu");
-        assert!(empty.nvidia_visible_devices && empty.allow_annotations && empty.allow_all);
+        assert!(!empty.nvidia_visible_devices && empty.nvidia_volume_mounts);
+        assert!(empty.allow_annotations && empty.allow_all);
         assert!(!empty.privileged_all_devices);
 
         let cfg: DeviceConfig = toml::from_str(

@@ -20,6 +20,7 @@ mod cdi_spec;
 mod config;
 pub mod discover;
 pub mod edits;
+pub mod exec_env;
 pub mod fixture;
 pub mod request;
 
@@ -238,7 +239,14 @@ pub fn inject(spec: &mut Spec, cfg: &DeviceConfig, privileged: bool) -> Result<I
         .unwrap_or_default();
     let mut asked = asked(spec.annotations().as_ref(), &env, cfg, privileged)?;
     report.warnings.extend(asked.warning.take());
-    if !asked.anything() {
+    let mounts: Vec<(PathBuf, Option<PathBuf>)> = spec
+        .mounts()
+        .iter()
+        .flatten()
+        .map(|m| (m.destination().clone(), m.source().clone()))
+        .collect();
+    let mount_reqs = request::mount_requests(&mounts, cfg, privileged)?;
+    if !asked.anything() && mount_reqs.is_empty() {
         return Ok(report);
     }
     let explicit = asked.explicit;
@@ -257,7 +265,10 @@ pub fn inject(spec: &mut Spec, cfg: &DeviceConfig, privileged: bool) -> Result<I
             edits::set_env(&mut env_after, entry);
         }
     }
-    let env_reqs = request::env_requests(&VisibleDevices::from_env(&env_after), cfg, privileged)?;
+    let mut env_reqs = mount_reqs;
+    for req in request::env_requests(&VisibleDevices::from_env(&env_after), cfg, privileged)? {
+        request::push_unique(&mut env_reqs, req);
+    }
     if !env_reqs.is_empty() {
         if registry.has_kind(&cfg.nvidia_kind) || !registry.broken.is_empty() {
             for req in &env_reqs {
@@ -276,6 +287,10 @@ pub fn inject(spec: &mut Spec, cfg: &DeviceConfig, privileged: bool) -> Result<I
         edits::apply(spec, set, &mut report.stats, &mut report.warnings);
     }
     record(spec, &plan.devices);
+    // An engine that injected the same edits itself gives its execs the env already.
+    if report.stats.env_set > 0 {
+        exec_env::record(spec, &plan.sets);
+    }
     report.devices = plan.devices;
     report.sources = plan.sources;
     report.spec_files = plan.spec_files;

@@ -112,6 +112,8 @@ pub enum Origin {
     Annotation(String),
     /// The container's `NVIDIA_VISIBLE_DEVICES`.
     Env,
+    /// A `volume-mounts` bind mount, with its destination.
+    VolumeMount(String),
 }
 
 impl fmt::Display for Origin {
@@ -120,6 +122,7 @@ impl fmt::Display for Origin {
             Origin::Config => write!(f, "config devices.default_devices"),
             Origin::Annotation(key) => write!(f, "annotation {key}"),
             Origin::Env => write!(f, "env {NVIDIA_VISIBLE_DEVICES}"),
+            Origin::VolumeMount(dest) => write!(f, "volume mount {dest}"),
         }
     }
 }
@@ -274,6 +277,45 @@ pub fn env_requests(
             name,
             origin: Origin::Env,
         };
+        check_policy(&req, cfg, privileged)?;
+        push_unique(&mut out, req);
+    }
+    Ok(out)
+}
+
+/// Where the NVIDIA device plugin's `volume-mounts` strategy mounts `/dev/null`, one entry
+/// per allocated GPU (`/var/run` is a link to `/run` in most images; both are read).
+pub const VOLUME_MOUNT_DIRS: [&str; 2] = ["/var/run/nvidia-container-devices", "/run/nvidia-container-devices"];
+
+/// Requests from `volume-mounts` entries among `mounts` (destination, source), resolved under
+/// the NVIDIA kind, policy applied. Only binds of `/dev/null` count: that is what the plugin
+/// mounts, and anything else at those paths is the pod's own.
+pub fn mount_requests(
+    mounts: &[(std::path::PathBuf, Option<std::path::PathBuf>)],
+    cfg: &DeviceConfig,
+    privileged: bool,
+) -> Result<Vec<Request>, DeviceError> {
+    let mut out = Vec::new();
+    if !cfg.nvidia_volume_mounts {
+        return Ok(out);
+    }
+    for (dest, source) in mounts {
+        let listed = VOLUME_MOUNT_DIRS
+            .iter()
+            .any(|d| dest.parent() == Some(std::path::Path::new(d)));
+        if !listed || source.as_deref() != Some(std::path::Path::new("/dev/null")) {
+            continue;
+        }
+        let Some(item) = dest.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let origin = Origin::VolumeMount(dest.display().to_string());
+        let name = QualifiedName::from_kind(&cfg.nvidia_kind, item).map_err(|reason| DeviceError::InvalidRequest {
+            request: item.to_string(),
+            origin: origin.to_string(),
+            reason,
+        })?;
+        let req = Request { name, origin };
         check_policy(&req, cfg, privileged)?;
         push_unique(&mut out, req);
     }
@@ -451,18 +493,79 @@ mod tests {
         assert!(err.contains("gpu0") && err.contains("cdi.k8s.io/x"), "{err}");
 
         let visible = VisibleDevices::parse(Some("0,bad/name"));
-        let err = env_requests(&visible, &DeviceConfig::default(), false)
-            .unwrap_err()
-            .to_string();
+        let err = env_requests(&visible, &env_cfg(), false).unwrap_err().to_string();
         assert!(
             err.contains("bad/name") && err.contains(NVIDIA_VISIBLE_DEVICES),
             "{err}"
         );
     }
 
+    /// The env opt-in: these tests are about resolving the variable, not about trusting it.
+    fn env_cfg() -> DeviceConfig {
+        DeviceConfig {
+            nvidia_visible_devices: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn env_is_trusted_by_default_only_for_privileged_containers() {
+        let all = VisibleDevices::parse(Some("all"));
+        assert!(env_requests(&all, &DeviceConfig::default(), false).unwrap().is_empty());
+        assert_eq!(
+            names(&env_requests(&all, &DeviceConfig::default(), true).unwrap()),
+            ["nvidia.com/gpu=all"]
+        );
+        assert_eq!(
+            names(&env_requests(&all, &env_cfg(), false).unwrap()),
+            ["nvidia.com/gpu=all"]
+        );
+    }
+
+    #[test]
+    fn volume_mounts_list_the_allocated_gpus() {
+        let m = |dest: &str, src: &str| (std::path::PathBuf::from(dest), Some(std::path::PathBuf::from(src)));
+        let mounts = vec![
+            m("/var/run/nvidia-container-devices/1", "/dev/null"),
+            m(
+                "/run/nvidia-container-devices/GPU-6ba7b810-9dad-11d1-80b4-00c04fd430c8",
+                "/dev/null",
+            ),
+            m("/var/run/nvidia-container-devices/1", "/dev/null"),
+            // Not the plugin's: another source, another directory.
+            m("/var/run/nvidia-container-devices/0", "/etc/hosts"),
+            m("/var/run/other/0", "/dev/null"),
+            m("/proc", "proc"),
+        ];
+        let reqs = mount_requests(&mounts, &DeviceConfig::default(), false).unwrap();
+        assert_eq!(
+            names(&reqs),
+            [
+                "nvidia.com/gpu=1",
+                "nvidia.com/gpu=GPU-6ba7b810-9dad-11d1-80b4-00c04fd430c8"
+            ]
+        );
+        assert_eq!(
+            reqs[0].origin,
+            Origin::VolumeMount("/var/run/nvidia-container-devices/1".into())
+        );
+        let off = DeviceConfig {
+            nvidia_volume_mounts: false,
+            ..Default::default()
+        };
+        assert!(mount_requests(&mounts, &off, false).unwrap().is_empty());
+        let no_all = DeviceConfig {
+            allow_all: false,
+            ..Default::default()
+        };
+        let all = vec![m("/var/run/nvidia-container-devices/all", "/dev/null")];
+        let e = mount_requests(&all, &no_all, false).unwrap_err().to_string();
+        assert!(e.contains("volume mount") && e.contains("devices.allow_all"), "{e}");
+    }
+
     #[test]
     fn env_requests_resolve_through_kind() {
-        let cfg = DeviceConfig::default();
+        let cfg = env_cfg();
         for (value, want) in [
             ("all", vec!["nvidia.com/gpu=all"]),
             ("none", vec![]),
@@ -480,7 +583,7 @@ mod tests {
         }
         let cfg = DeviceConfig {
             nvidia_kind: "example.com/accel".into(),
-            ..Default::default()
+            ..env_cfg()
         };
         let reqs = env_requests(&VisibleDevices::parse(Some("2")), &cfg, false).unwrap();
         assert_eq!(names(&reqs), ["example.com/accel=2"]);

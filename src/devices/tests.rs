@@ -58,6 +58,8 @@ impl Host {
         DeviceConfig {
             cdi_spec_dirs: vec![self.etc.clone(), self.run.clone()],
             dev_root: self.dev.clone(),
+            // These tests resolve env requests; the default trust model is tested apart.
+            nvidia_visible_devices: true,
             ..Default::default()
         }
     }
@@ -511,6 +513,7 @@ fn fallback_all_without_gpus_fails_clearly() {
     let cfg = DeviceConfig {
         cdi_spec_dirs: vec![dir.path().join("cdi")],
         dev_root: dir.path().join("dev"),
+        nvidia_visible_devices: true,
         ..Default::default()
     };
     let mut spec = engine_spec(&["NVIDIA_VISIBLE_DEVICES=all"], &[]);

@@ -1,0 +1,212 @@
+//! AppArmor, host-aware: whether the host has it (runc's check), whether a profile is loaded,
+//! and what to do with `process.apparmorProfile` either way.
+
+use std::path::Path;
+
+use thiserror::Error;
+
+use super::Unavailable;
+
+#[derive(Debug, Error, PartialEq)]
+pub enum AppArmorError {
+    #[error(
+        "AppArmor profile {profile:?} requested, but this host has no AppArmor \
+         (rejected by security.apparmor_unavailable = \"reject\")"
+    )]
+    Unavailable { profile: String },
+    #[error("AppArmor profile {profile:?} ({from}) is not loaded on this host (not listed in {listing})")]
+    NotLoaded {
+        profile: String,
+        from: &'static str,
+        listing: String,
+    },
+}
+
+/// What the host offers, read from its securityfs and sysfs (configurable roots, so tests can
+/// use a fixture tree).
+pub struct Host<'a> {
+    pub securityfs: &'a Path,
+    pub sysfs: &'a Path,
+}
+
+impl Host<'_> {
+    /// runc's test: `<securityfs>/apparmor` exists and the module says it is enabled.
+    pub fn enabled(&self) -> bool {
+        let on = std::fs::read_to_string(self.sysfs.join("module/apparmor/parameters/enabled"))
+            .map(|s| s.starts_with('Y'))
+            .unwrap_or(false);
+        on && self.securityfs.join("apparmor").exists()
+    }
+
+    fn listing(&self) -> std::path::PathBuf {
+        self.securityfs.join("apparmor/profiles")
+    }
+
+    /// Whether `<securityfs>/apparmor/profiles` lists `name` (lines are `name (mode)`).
+    pub fn loaded(&self, name: &str) -> bool {
+        std::fs::read_to_string(self.listing())
+            .map(|text| {
+                text.lines()
+                    .any(|l| l.rsplit_once(" (").map(|(n, _)| n).unwrap_or(l).trim() == name)
+            })
+            .unwrap_or(false)
+    }
+}
+
+/// What happened to the container's AppArmor profile (`gantry.dev/apparmor`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing named, nothing applied.
+    None,
+    /// The engine's profile, kept.
+    Engine(String),
+    /// `security.apparmor_default`, applied.
+    Default(String),
+    /// Removed: the host has no AppArmor.
+    Dropped(String),
+}
+
+impl Outcome {
+    pub fn annotation(&self) -> String {
+        match self {
+            Outcome::None => "none".into(),
+            Outcome::Engine(p) => format!("engine:{p}"),
+            Outcome::Default(p) => format!("default:{p}"),
+            Outcome::Dropped(p) => format!("dropped:{p}"),
+        }
+    }
+}
+
+/// The decision for a container whose spec names `current` (None: no profile).
+pub fn decide(
+    current: Option<&str>,
+    privileged: bool,
+    default: &str,
+    unavailable: Unavailable,
+    host: &Host,
+) -> Result<Outcome, AppArmorError> {
+    let current = current.filter(|p| !p.is_empty());
+    let wanted_default = (!privileged && !default.is_empty()).then_some(default);
+    if current.is_none() && wanted_default.is_none() {
+        return Ok(Outcome::None);
+    }
+    if !host.enabled() {
+        return match (current, unavailable) {
+            (None, _) => Ok(Outcome::None),
+            (Some(p), Unavailable::Keep) => Ok(Outcome::Engine(p.to_string())),
+            (Some(p), Unavailable::Drop) => Ok(Outcome::Dropped(p.to_string())),
+            (Some(p), Unavailable::Reject) => Err(AppArmorError::Unavailable { profile: p.to_string() }),
+        };
+    }
+    let (profile, from) = match current {
+        Some(p) => (p, "from the engine"),
+        None => (default, "security.apparmor_default"),
+    };
+    if profile != "unconfined" && !host.loaded(profile) {
+        return Err(AppArmorError::NotLoaded {
+            profile: profile.to_string(),
+            from,
+            listing: host.listing().display().to_string(),
+        });
+    }
+    Ok(match current {
+        Some(p) => Outcome::Engine(p.to_string()),
+        None => Outcome::Default(profile.to_string()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A securityfs/sysfs fixture: AppArmor on, `loaded` listed as loaded profiles.
+    fn fixture(enabled: bool, loaded: &[&str]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("sec/apparmor")).unwrap();
+        let params = dir.path().join("sys/module/apparmor/parameters");
+        std::fs::create_dir_all(&params).unwrap();
+        std::fs::write(params.join("enabled"), if enabled { "Y\n" } else { "N\n" }).unwrap();
+        let listing: String = loaded.iter().map(|p| format!("{p} (enforce)\n")).collect();
+        std::fs::write(dir.path().join("sec/apparmor/profiles"), listing).unwrap();
+        dir
+    }
+
+    fn host(dir: &tempfile::TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+        (dir.path().join("sec"), dir.path().join("sys"))
+    }
+
+    #[test]
+    fn host_without_apparmor_keeps_drops_or_rejects() {
+        let dir = fixture(false, &[]);
+        let (sec, sys) = host(&dir);
+        let h = Host {
+            securityfs: &sec,
+            sysfs: &sys,
+        };
+        assert!(!h.enabled());
+        let d = |u| decide(Some("p1"), false, "", u, &h);
+        assert_eq!(d(Unavailable::Keep), Ok(Outcome::Engine("p1".into())));
+        assert_eq!(d(Unavailable::Drop), Ok(Outcome::Dropped("p1".into())));
+        let e = d(Unavailable::Reject).unwrap_err().to_string();
+        assert!(
+            e.contains("\"p1\"") && e.contains("security.apparmor_unavailable"),
+            "{e}"
+        );
+        // A default is not applied where it cannot work.
+        assert_eq!(
+            decide(None, false, "gantry-default", Unavailable::Reject, &h),
+            Ok(Outcome::None)
+        );
+        // Missing trees count as "no AppArmor" (this machine).
+        let none = Path::new("/nonexistent");
+        let h = Host {
+            securityfs: none,
+            sysfs: none,
+        };
+        assert!(!h.enabled());
+    }
+
+    #[test]
+    fn host_with_apparmor_applies_default_and_checks_loaded() {
+        let dir = fixture(true, &["gantry-default", "crio-default"]);
+        let (sec, sys) = host(&dir);
+        let h = Host {
+            securityfs: &sec,
+            sysfs: &sys,
+        };
+        assert!(h.enabled() && h.loaded("crio-default") && !h.loaded("crio"));
+        let keep = Unavailable::Keep;
+        assert_eq!(
+            decide(None, false, "gantry-default", keep, &h),
+            Ok(Outcome::Default("gantry-default".into()))
+        );
+        assert_eq!(decide(None, true, "gantry-default", keep, &h), Ok(Outcome::None));
+        assert_eq!(
+            decide(Some("crio-default"), false, "", keep, &h),
+            Ok(Outcome::Engine("crio-default".into()))
+        );
+        assert_eq!(
+            decide(Some("unconfined"), false, "x", keep, &h),
+            Ok(Outcome::Engine("unconfined".into()))
+        );
+        let e = decide(Some("mine"), false, "", keep, &h).unwrap_err().to_string();
+        assert!(
+            e.contains("\"mine\"") && e.contains("not loaded") && e.contains("profiles"),
+            "{e}"
+        );
+        let e = decide(None, false, "absent", keep, &h).unwrap_err().to_string();
+        assert!(e.contains("security.apparmor_default"), "{e}");
+    }
+
+    #[test]
+    fn the_enabled_flag_alone_is_not_enough() {
+        let dir = fixture(true, &[]);
+        std::fs::remove_dir_all(dir.path().join("sec/apparmor")).unwrap();
+        let (sec, sys) = host(&dir);
+        assert!(!Host {
+            securityfs: &sec,
+            sysfs: &sys
+        }
+        .enabled());
+    }
+}
