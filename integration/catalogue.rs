@@ -357,6 +357,79 @@ fn create_cases() -> Vec<CreateCase> {
             "not a device name",
         ),
         c(
+            "seccomp profile naming an unknown syscall",
+            |s| {
+                s["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ERRNO",
+                "syscalls": [{"names": ["notasyscall"], "action": "SCMP_ACT_ALLOW"}]});
+            },
+            |r, d| config(r, d, "sec-unknown.toml", "[security]\nunknown_syscalls = \"reject\"\n"),
+            Code::INVALID_ARGUMENT,
+            "notasyscall",
+        ),
+        c(
+            "seccomp profile with an invalid architecture",
+            |s| {
+                s["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ERRNO",
+                "architectures": ["SCMP_ARCH_NOPE"], "syscalls": []});
+            },
+            same,
+            Code::INVALID_ARGUMENT,
+            "SCMP_ARCH_NOPE",
+        ),
+        c(
+            "seccomp rule with an argument index past 5",
+            |s| {
+                s["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ERRNO",
+                "syscalls": [{"names": ["clone"], "action": "SCMP_ACT_ALLOW",
+                    "args": [{"index": 9, "value": 1, "op": "SCMP_CMP_EQ"}]}]});
+            },
+            same,
+            Code::INVALID_ARGUMENT,
+            "index",
+        ),
+        c(
+            "allow-by-default seccomp profile under require_default_deny",
+            |s| {
+                s["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": []});
+            },
+            |r, d| config(r, d, "sec-deny.toml", "[security]\nrequire_default_deny = true\n"),
+            Code::INVALID_ARGUMENT,
+            "SCMP_ACT_ALLOW",
+        ),
+        c(
+            "capability outside the allow-list",
+            keep,
+            |r, d| {
+                config(
+                    r,
+                    d,
+                    "sec-caps.toml",
+                    "[security]\nallowed_capabilities = [\"CAP_KILL\"]\ncapability_violation = \"reject\"\n",
+                )
+            },
+            Code::INVALID_ARGUMENT,
+            "CAP_AUDIT_WRITE",
+        ),
+        c(
+            "privileged container where none is allowed",
+            |s| {
+                let all = serde_json::json!(["CAP_SYS_ADMIN", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_KILL"]);
+                for set in ["bounding", "effective", "permitted"] {
+                    s["process"]["capabilities"][set] = all.clone();
+                }
+            },
+            |r, d| config(r, d, "sec-priv.toml", "[security]\nallow_privileged = false\n"),
+            Code::INVALID_ARGUMENT,
+            "privileged",
+        ),
+        c(
+            "AppArmor profile on a host without AppArmor, under reject",
+            |s| s["process"]["apparmorProfile"] = "gantry-test".into(),
+            |r, d| config(r, d, "sec-aa.toml", "[security]\napparmor_unavailable = \"reject\"\n"),
+            Code::INVALID_ARGUMENT,
+            "gantry-test",
+        ),
+        c(
             "CDI annotation naming an unknown vendor",
             |s| s["annotations"]["cdi.k8s.io/x"] = "example.com/nic=0".into(),
             same,
