@@ -136,6 +136,7 @@ fn containerd_lifecycle_oom_failing_exec_and_runtime_error_are_logged_and_counte
         .as_deref()
         .unwrap()
         .contains("/no/such/binary"));
+    assert_eq!(error("nobin", "create").exit_code, Some(1), "the runtime's exit status");
     assert_eq!(error("sleeper", "exec").rpc.as_deref(), Some("start"));
     let execs = of(&recs, "sleeper", Kind::ExecStarted);
     assert_eq!(execs.len(), 1, "only the good exec started: {execs:?}");

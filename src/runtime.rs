@@ -30,6 +30,8 @@ pub enum RuntimeError {
         message: String,
         /// True when the runtime said the container does not exist.
         not_found: bool,
+        /// The runtime's exit status (128 + signal when it was killed).
+        status: u32,
     },
     #[error("{binary} {command}: unexpected output: {message}")]
     Output {
@@ -298,6 +300,7 @@ impl OciRuntime {
             command,
             message,
             not_found,
+            status: exit.status,
         })
     }
 

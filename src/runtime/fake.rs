@@ -152,6 +152,7 @@ impl FakeRuntime {
                 command: op.into(),
                 not_found: super::says_container_missing(&message),
                 message,
+                status: 1,
             }),
             Some(Behaviour::Hang(after)) => {
                 tokio::time::sleep(after).await;

@@ -152,6 +152,9 @@ impl Telemetry {
                 .into(),
             );
             r.message = Some(e.to_string());
+            if let RuntimeError::Failed { status, .. } = e {
+                r.exit_code = Some(*status);
+            }
         });
     }
 
