@@ -5,7 +5,8 @@
 #   scripts/busybox-image.sh OUTDIR [IMAGE_NAME] [COMMAND...]
 #
 # Writes OUTDIR/rootfs/ and OUTDIR/image.tar (named IMAGE_NAME, default
-# docker.io/gantry/busybox:latest; its default command is COMMAND, default `sh`).
+# docker.io/gantry/busybox:latest; its default command is COMMAND, default `sh`; with the
+# command `/pause` the image also holds a pause program built from integration/fixtures).
 set -euo pipefail
 
 out=${1:?usage: busybox-image.sh OUTDIR [IMAGE_NAME] [COMMAND...]}
@@ -33,6 +34,11 @@ for applet in $("$rootfs/bin/busybox" --list); do
   ln -sf busybox "$rootfs/bin/$applet"
 done
 chmod 1777 "$rootfs/tmp"
+# A pause image (COMMAND /pause) gets a real pause program, built from the test fixture.
+if [ "$cmd_json" = '["/pause"]' ]; then
+  here=$(cd "$(dirname "$0")/.." && pwd)
+  cc -static -Os -o "$rootfs/pause" "$here/integration/fixtures/pause.c"
+fi
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$rootfs/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' > "$rootfs/etc/group"
 

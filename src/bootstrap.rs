@@ -20,7 +20,7 @@ use crate::config::{Config, ConfigError};
 use crate::container::{RuntimeRecord, INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG};
 use crate::options::{self, EngineOptions};
 use crate::reaper::Reaper;
-use crate::runtime::OciRuntime;
+use crate::runtime::{OciRuntime, Runtime};
 use crate::{files, spec};
 
 /// The fd numbers the daemon inherits: its bound listener and the ready pipe.
@@ -357,7 +357,17 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
             (c.runtime.binary, root, c.runtime.systemd_cgroup, c.shim.socket_dir)
         }
     };
-    let rt = OciRuntime::new(&binary, root, systemd, bundle.join(RUNTIME_LOG), reaper);
+    let rt: Box<dyn Runtime> = if binary == crate::sandbox::RECORD_BINARY {
+        Box::new(crate::sandbox::FastSandbox::recover(&bundle, reaper))
+    } else {
+        Box::new(OciRuntime::new(
+            &binary,
+            root,
+            systemd,
+            bundle.join(RUNTIME_LOG),
+            reaper,
+        ))
+    };
     match rt.delete(&flags.id, true).await {
         Ok(()) => {}
         Err(e) if e.is_not_found() => {}

@@ -53,6 +53,8 @@ pub struct RuntimeConfig {
     pub systemd_cgroup: bool,
     /// Seconds each runtime call may take before it is killed.
     pub timeouts: RuntimeTimeouts,
+    /// Start pods' pause containers without the OCI runtime (see [`crate::sandbox`]).
+    pub sandbox_fast_path: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -62,6 +64,7 @@ impl Default for RuntimeConfig {
             root: PathBuf::from("/run/gantry/runtime"),
             systemd_cgroup: false,
             timeouts: RuntimeTimeouts::default(),
+            sandbox_fast_path: true,
         }
     }
 }

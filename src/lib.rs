@@ -21,6 +21,7 @@ pub mod peer;
 pub mod process;
 pub mod reaper;
 pub mod runtime;
+pub mod sandbox;
 pub mod security;
 pub mod service;
 pub mod spec;

@@ -23,6 +23,10 @@ fn current_thread() -> Result<tokio::runtime::Runtime> {
 
 fn run() -> Result<()> {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    // The fast path's container init: a fresh process of this binary, set up by the daemon.
+    if argv.first().map(String::as_str) == Some("sandbox-init") {
+        std::process::exit(gantry::sandbox::init::main(&argv[1..]));
+    }
     // The node exporter has flags of its own (`--listen`), not the shim's Go-style set.
     if argv.first().map(String::as_str) == Some("metrics") {
         return Ok(gantry::telemetry::exporter::run(&argv[1..])?);

@@ -13,7 +13,7 @@ use tokio::io::AsyncReadExt;
 
 use crate::reaper::Reaper;
 
-mod options;
+pub mod options;
 
 #[derive(Debug, Error)]
 pub enum MountError {

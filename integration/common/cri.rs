@@ -143,7 +143,7 @@ async fn start() -> Cri {
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/busybox-image.sh"))
         .arg(&pause_dir)
         .arg(PAUSE_IMAGE)
-        .args(["sleep", "2147483647"]));
+        .arg("/pause"));
     assert!(o.status.success(), "pause image: {}", text(&o));
 
     let socket_dir = dir.join("s");

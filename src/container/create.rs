@@ -147,7 +147,23 @@ impl Container {
             original_config: None,
             runtime: None,
         };
-        prepare_bundle(&p, &mut loaded, &config, runtime.as_ref(), &reaper, &mut undo, &log).await?;
+        prepare_bundle(&p, &mut loaded, &config, &reaper, &mut undo, &log).await?;
+        let fast = crate::sandbox::choose(
+            &p.bundle,
+            &loaded.view.annotations(),
+            &config,
+            runtime.as_ref(),
+            &reaper,
+        );
+        let runtime = match fast {
+            Ok(Some(sandbox)) => sandbox,
+            Ok(None) => runtime,
+            Err(why) => {
+                info!(log, "sandbox fast path not taken: the OCI runtime starts it"; "reason" => %why);
+                runtime
+            }
+        };
+        write_record(&p, runtime.as_ref(), &undo)?;
         let created = run_create(&p, &runtime, &reaper, &mut undo, &log).await?;
         undo.armed = false;
         undo.runtime = None;
@@ -183,13 +199,11 @@ impl Container {
     }
 }
 
-/// Mounts the rootfs (or checks the engine's), applies the spec edits and writes the files the
-/// runtime and a later `delete` need, noting each in `undo`.
+/// Mounts the rootfs (or checks the engine's) and applies the spec edits, noting each in `undo`.
 async fn prepare_bundle(
     p: &CreateParams,
     loaded: &mut Loaded,
     config: &Config,
-    runtime: &dyn Runtime,
     reaper: &Reaper,
     undo: &mut Undo<'_>,
     log: &Logger,
@@ -219,6 +233,12 @@ async fn prepare_bundle(
             info!(log, "injected devices"; "devices" => edits.devices.devices.join(","));
         }
     }
+    Ok(())
+}
+
+/// Writes what the runtime and a later `delete` need: the runtime record, and fresh files
+/// where the runtime writes.
+fn write_record(p: &CreateParams, runtime: &dyn Runtime, undo: &Undo<'_>) -> Result<(), TaskError> {
     let identity = runtime.identity();
     let record = RuntimeRecord {
         binary: identity.binary,

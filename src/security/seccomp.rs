@@ -204,6 +204,12 @@ fn compare(arg: &Arg) -> Result<ScmpArgCompare, String> {
 /// Checks `profile` by building it with libseccomp (nothing is loaded). Returns warnings
 /// (unknown names under `unknown_syscalls = "warn"`, which the runtime skips too).
 pub fn validate(profile: &Profile, checks: Checks) -> Result<Vec<String>, ProfileError> {
+    build(profile, checks).map(|(_, warnings)| warnings)
+}
+
+/// Builds `profile` into a libseccomp filter as runc does (the sandbox fast path loads it),
+/// with the warnings of [`validate`].
+pub fn build(profile: &Profile, checks: Checks) -> Result<(ScmpFilterContext, Vec<String>), ProfileError> {
     let default =
         action(&profile.default_action, profile.default_errno_ret).map_err(|why| refuse("defaultAction", why, None))?;
     if checks.require_default_deny && matches!(default, ScmpAction::Allow | ScmpAction::Log) {
@@ -250,7 +256,7 @@ pub fn validate(profile: &Profile, checks: Checks) -> Result<Vec<String>, Profil
             add(&mut filter, act, call, &r.args, &conds).map_err(|e| libseccomp(format!("{rule} ({name})"), e))?;
         }
     }
-    Ok(warnings)
+    Ok((filter, warnings))
 }
 
 /// Adds one rule as the runtime does: conditions on the same argument become separate rules.

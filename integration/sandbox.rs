@@ -1,0 +1,571 @@
+//! The sandbox fast path: a pause container started by gantry's own init is, field by field,
+//! what runc makes of the same spec; its lifecycle works through the Task API as CRI-O drives
+//! it; anything the fast path does not handle goes to runc; nothing is left behind.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use containerd_shim_protos::api::{
+    ExecProcessRequest, KillRequest, PauseRequest, ResumeRequest, StartRequest, StateRequest, StatsRequest, Status,
+    WaitRequest,
+};
+
+use crate::common::{
+    assert_clean, code, crio_bundle, crio_create_req, crio_remove, crio_start, ctx, env, message, open_fifo_reader,
+    run, task_client, text, wait_until, CrioBundle, Ns, SHIM,
+};
+
+/// A rootfs with the busybox tools and the test pause program at /pause, shared by the tests
+/// (read-only in their specs).
+fn pause_rootfs() -> PathBuf {
+    static ROOTFS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ROOTFS.lock().unwrap_or_else(|p| p.into_inner());
+    let rootfs = env().dir.join("pause-rootfs");
+    if rootfs.join("pause").exists() {
+        return rootfs;
+    }
+    let o = run(Command::new("cp").arg("-a").arg(&env().rootfs).arg(&rootfs));
+    assert!(o.status.success(), "{}", text(&o));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("integration/fixtures/pause.c");
+    let o = run(Command::new("cc")
+        .args(["-static", "-Os", "-o"])
+        .arg(rootfs.join("pause"))
+        .arg(src));
+    assert!(o.status.success(), "cc pause.c: {}", text(&o));
+    rootfs
+}
+
+/// Network, IPC and UTS namespaces pinned to files, as CRI-O's pinns leaves them.
+struct Pinned {
+    files: Vec<PathBuf>,
+}
+
+impl Pinned {
+    fn new(dir: &Path) -> Pinned {
+        let dir = dir.join("pinned");
+        std::fs::create_dir_all(&dir).unwrap();
+        let files: Vec<PathBuf> = ["net", "ipc", "uts"].iter().map(|n| dir.join(n)).collect();
+        for f in &files {
+            std::fs::write(f, "").unwrap();
+        }
+        let o = run(Command::new("unshare")
+            .arg(format!("--net={}", files[0].display()))
+            .arg(format!("--ipc={}", files[1].display()))
+            .arg(format!("--uts={}", files[2].display()))
+            .arg("true"));
+        assert!(o.status.success(), "unshare: {}", text(&o));
+        Pinned { files }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        for f in &self.files {
+            let _ = nix::mount::umount2(f, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// gantry's own runtime-default seccomp profile for `caps`.
+fn seccomp_profile(caps: &str) -> serde_json::Value {
+    let o = run(Command::new(SHIM).args(["seccomp-profile", "--caps", caps]));
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// A pause container's spec shaped like CRI-O's: namespaces joined from pinned files, a new
+/// pid and mount namespace, a non-root user, few capabilities, seccomp, limits and sysctls.
+fn pause_bundle(ns: &Ns, id: &str, rootfs: &Path, pinned: &Pinned, patch: fn(&mut serde_json::Value)) -> CrioBundle {
+    const CAPS: &str = "CAP_CHOWN,CAP_KILL,CAP_NET_BIND_SERVICE";
+    let profile = seccomp_profile(CAPS);
+    crio_bundle(ns, id, id, &["/pause"], |spec| {
+        let caps: Vec<&str> = CAPS.split(',').collect();
+        spec["root"]["path"] = rootfs.to_str().unwrap().into();
+        spec["hostname"] = "sandbox-host".into();
+        spec["process"]["user"] = serde_json::json!({"uid": 65534, "gid": 65534, "additionalGids": [65534, 4]});
+        spec["process"]["noNewPrivileges"] = true.into();
+        spec["process"]["oomScoreAdj"] = 200.into();
+        spec["process"]["capabilities"] = serde_json::json!({
+            "bounding": caps, "effective": caps, "permitted": caps, "inheritable": [], "ambient": ["CAP_KILL"]
+        });
+        let mounts = spec["mounts"].as_array_mut().unwrap();
+        mounts.retain(|m| m["type"] != "cgroup");
+        let linux = &mut spec["linux"];
+        linux["namespaces"] = serde_json::json!([
+            {"type": "pid"},
+            {"type": "mount"},
+            {"type": "network", "path": pinned.files[0]},
+            {"type": "ipc", "path": pinned.files[1]},
+            {"type": "uts", "path": pinned.files[2]},
+        ]);
+        linux["sysctl"] =
+            serde_json::json!({"net.ipv4.ip_unprivileged_port_start": "0", "kernel.shm_rmid_forced": "1"});
+        linux["resources"] = serde_json::json!({
+            "devices": [{"allow": false, "access": "rwm"}],
+            "memory": {"limit": 64 * 1024 * 1024},
+            "cpu": {"shares": 2},
+            "pids": {"limit": 100}
+        });
+        linux["seccomp"] = profile;
+        patch(spec);
+    })
+}
+
+/// What the kernel says about a process, with the container's own names replaced by `ID` so
+/// two containers built from the same spec compare equal.
+fn observe(pid: u32, id: &str) -> BTreeMap<String, String> {
+    let mut seen = BTreeMap::new();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    for line in status.lines() {
+        let (k, v) = line.split_once(':').unwrap();
+        if k.starts_with("Cap")
+            || [
+                "NoNewPrivs",
+                "Seccomp",
+                "Seccomp_filters",
+                "Uid",
+                "Gid",
+                "Groups",
+                "Umask",
+            ]
+            .contains(&k)
+        {
+            seen.insert(format!("status.{k}"), v.trim().to_string());
+        }
+    }
+    let host_ns = |kind: &str| std::fs::read_link(format!("/proc/self/ns/{kind}")).unwrap();
+    for kind in ["pid", "mnt", "net", "ipc", "uts", "cgroup", "user"] {
+        let link = std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap();
+        let what = if link == host_ns(kind) {
+            "host".to_string()
+        } else {
+            "own".to_string()
+        };
+        seen.insert(format!("ns.{kind}"), what);
+    }
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    seen.insert("cgroup".into(), cgroup.replace(id, "ID"));
+    seen.insert(
+        "root".into(),
+        std::fs::read_link(format!("/proc/{pid}/root"))
+            .unwrap()
+            .display()
+            .to_string(),
+    );
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    for (i, line) in mountinfo.lines().enumerate() {
+        // Drop mount ids and device numbers: they differ between any two mounts.
+        let fields: Vec<&str> = line.split(' ').collect();
+        let tail = fields[3..].join(" ");
+        seen.insert(format!("mount.{i:02}"), tail.replace(id, "ID"));
+    }
+    for f in ["oom_score_adj", "limits"] {
+        seen.insert(f.into(), std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap());
+    }
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    seen.insert("cmdline".into(), String::from_utf8_lossy(&cmdline).into_owned());
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    seen.insert("environ".into(), String::from_utf8_lossy(&environ).into_owned());
+    for (key, cmd) in [
+        ("hostname", vec!["hostname"]),
+        (
+            "sysctl.port",
+            vec!["cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"],
+        ),
+        ("sysctl.shm", vec!["cat", "/proc/sys/kernel/shm_rmid_forced"]),
+        ("dev", vec!["ls", "-ln", "/dev"]),
+    ] {
+        let o = run(Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-m", "-u", "-n", "-i", "-p", "--"])
+            .args(cmd));
+        seen.insert(key.into(), text(&o));
+    }
+    let cg = |c: &str| crate::common::cri::cgroup_dir(pid, c);
+    for (c, f) in [
+        ("devices", "devices.list"),
+        ("memory", "memory.limit_in_bytes"),
+        ("cpu", "cpu.shares"),
+        ("pids", "pids.max"),
+    ] {
+        seen.insert(
+            format!("cgroup.{f}"),
+            std::fs::read_to_string(cg(c).join(f)).unwrap_or_default(),
+        );
+    }
+    seen
+}
+
+/// Starts one pause container CRI-O-style (start, Create, Start); returns the client and pid.
+async fn start_pause(ns: &Ns, b: &CrioBundle) -> (containerd_shim_protos::shim_async::TaskClient, u32) {
+    let o = crio_start(ns, &b.dir, &b.id, b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+    let created = client.create(ctx(), &crio_create_req(b)).await.unwrap();
+    let start = StartRequest {
+        id: b.id.clone(),
+        ..Default::default()
+    };
+    client.start(ctx(), &start).await.unwrap();
+    // Started means the init has been released; the exec of /pause follows at once.
+    let pid = created.pid;
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"/pause"))
+    }));
+    (client, pid)
+}
+
+fn started_by(ns: &Ns, id: &str) -> &'static str {
+    if ns.runtime_root.join("default").join(id).exists() {
+        "runc"
+    } else {
+        "fast path"
+    }
+}
+
+/// Starts the same pause spec through the fast path and through runc and compares what the
+/// kernel shows of the two processes; then SIGTERM ends both with status 0.
+async fn compare_with_runc(variant: &str, patch: fn(&mut serde_json::Value)) -> BTreeMap<String, String> {
+    let env = env();
+    let fast_ns = env.namespace(&format!("sbx-fast-{variant}"));
+    let runc_ns = env.namespace_with(&format!("sbx-runc-{variant}"), "[runtime]\nsandbox_fast_path = false\n");
+    let rootfs = pause_rootfs();
+    let pinned = Pinned::new(&fast_ns.dir);
+    let fast = pause_bundle(&fast_ns, "pf1", &rootfs, &pinned, patch);
+    let slow = pause_bundle(&runc_ns, "pr1", &rootfs, &pinned, patch);
+
+    let (fast_client, fast_pid) = start_pause(&fast_ns, &fast).await;
+    let (runc_client, runc_pid) = start_pause(&runc_ns, &slow).await;
+    assert_eq!(started_by(&fast_ns, "pf1"), "fast path");
+    assert_eq!(started_by(&runc_ns, "pr1"), "runc");
+
+    let seen = |pid, id, ns: &Ns| -> BTreeMap<String, String> {
+        observe(pid, id)
+            .into_iter()
+            .map(|(k, v)| (k, v.replace(&ns.name, "NS")))
+            .collect()
+    };
+    let (a, b) = (seen(fast_pid, "pf1", &fast_ns), seen(runc_pid, "pr1", &runc_ns));
+    let mut differences = Vec::new();
+    for key in a.keys().chain(b.keys()).collect::<std::collections::BTreeSet<_>>() {
+        if a.get(key) != b.get(key) {
+            differences.push(format!(
+                "{key}:\n  fast path: {:?}\n  runc:      {:?}",
+                a.get(key),
+                b.get(key)
+            ));
+        }
+    }
+    if std::env::var_os("GANTRY_SHOW_OBSERVED").is_some() {
+        eprintln!("{a:#?}");
+    }
+    assert!(
+        differences.is_empty(),
+        "{variant}: differences:\n{}",
+        differences.join("\n")
+    );
+
+    for (client, id) in [(fast_client, "pf1"), (runc_client, "pr1")] {
+        let kill = KillRequest {
+            id: id.into(),
+            signal: 15,
+            ..Default::default()
+        };
+        client.kill(ctx(), &kill).await.unwrap();
+        let wait = WaitRequest {
+            id: id.into(),
+            ..Default::default()
+        };
+        let waited = client.wait(ctx(), &wait).await.unwrap();
+        assert_eq!(waited.exit_status, 0, "{id}: pause exits 0 on SIGTERM");
+        crio_remove(&client, id).await;
+    }
+    drop(pinned);
+    assert_clean(env, &fast_ns);
+    assert_clean(env, &runc_ns);
+    a
+}
+
+/// CRI-O's shape: a non-root user, no_new_privs (seccomp loaded last), few capabilities.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_path_pause_matches_runc_field_by_field() {
+    let a = compare_with_runc("user", |_| {}).await;
+    // The fields that matter were really applied, not merely equal.
+    assert_eq!(a["status.NoNewPrivs"], "1");
+    assert_eq!(a["status.Seccomp"], "2");
+    assert_eq!(a["status.CapBnd"], "0000000000000421");
+    assert_eq!(a["status.Uid"], "65534\t65534\t65534\t65534");
+    assert_eq!(
+        (a["ns.pid"].as_str(), a["ns.net"].as_str(), a["ns.mnt"].as_str()),
+        ("own", "own", "own")
+    );
+    assert!(a["hostname"].contains("stdout=sandbox-host\n"), "{}", a["hostname"]);
+    assert!(a["sysctl.port"].contains("stdout=0\n"), "{}", a["sysctl.port"]);
+    assert!(a.keys().filter(|k| k.starts_with("mount.")).count() > 10, "{a:?}");
+    assert!(a["cgroup"].contains(":/NS/ID"), "{}", a["cgroup"]);
+    assert!(
+        a["cgroup.devices.list"].starts_with("b *:* m\nc *:* m\nc 1:3 rwm"),
+        "{}",
+        a["cgroup.devices.list"]
+    );
+    assert_eq!(a["oom_score_adj"], "200\n");
+}
+
+/// containerd's shape: root with runc's default capabilities, seccomp loaded before the
+/// capabilities are set (no no_new_privs), ambient capabilities, a writable rootfs, a masked
+/// path that does not exist, and a new cgroup namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_path_root_pause_matches_runc_field_by_field() {
+    let a = compare_with_runc("root", |spec| {
+        let caps = serde_json::json!(["CAP_CHOWN", "CAP_KILL", "CAP_NET_RAW", "CAP_SETUID", "CAP_SETGID"]);
+        spec["process"]["user"] = serde_json::json!({"uid": 0, "gid": 0, "umask": 63});
+        spec["process"]["noNewPrivileges"] = false.into();
+        spec["process"]["capabilities"] = serde_json::json!({
+            "bounding": caps, "effective": caps, "permitted": caps, "inheritable": caps, "ambient": ["CAP_NET_RAW"]
+        });
+        spec["root"]["readonly"] = false.into();
+        spec["linux"]["maskedPaths"]
+            .as_array_mut()
+            .unwrap()
+            .push("/no/such/path".into());
+        spec["linux"]["namespaces"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"type": "cgroup"}));
+    })
+    .await;
+    assert_eq!(a["status.NoNewPrivs"], "0");
+    assert_eq!(a["status.Seccomp"], "2");
+    assert_eq!(a["status.CapEff"], a["status.CapBnd"]);
+    assert_ne!(a["status.CapAmb"], "0000000000000000");
+    assert_eq!(a["status.Umask"], "0077");
+    assert_eq!(a["ns.cgroup"], "own");
+}
+
+/// State, Stats, Pause/Resume, an app container joining the pause container's pid namespace,
+/// exec into that app container, refusals for what a fast-path sandbox cannot do, and the
+/// exit reported on SIGKILL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_path_sandbox_lifecycle_and_pod_members() {
+    let env = env();
+    let ns = env.namespace("sandbox-life");
+    let rootfs = pause_rootfs();
+    let pinned = Pinned::new(&ns.dir);
+    let pause = pause_bundle(&ns, "pl1", &rootfs, &pinned, |_| {});
+    let (client, pid) = start_pause(&ns, &pause).await;
+    assert_eq!(started_by(&ns, "pl1"), "fast path");
+    let state = client
+        .state(
+            ctx(),
+            &StateRequest {
+                id: "pl1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((state.status.enum_value().unwrap(), state.pid), (Status::RUNNING, pid));
+    let stats = client
+        .stats(
+            ctx(),
+            &StatsRequest {
+                id: "pl1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(stats.stats.type_url, "io.containerd.cgroups.v1.Metrics");
+    client
+        .pause(
+            ctx(),
+            &PauseRequest {
+                id: "pl1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let freezer = crate::common::cri::cgroup_dir(pid, "freezer").join("freezer.state");
+    assert_eq!(std::fs::read_to_string(&freezer).unwrap().trim(), "FROZEN");
+    client
+        .resume(
+            ctx(),
+            &ResumeRequest {
+                id: "pl1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read_to_string(&freezer).unwrap().trim(), "THAWED");
+
+    // An app container of the pod joins the pause container's namespaces, through runc.
+    let app = crio_bundle(&ns, "pa1", "pl1", &["sleep", "600"], |spec| {
+        spec["linux"]["namespaces"] = serde_json::json!([
+            {"type": "pid", "path": format!("/proc/{pid}/ns/pid")},
+            {"type": "mount"},
+            {"type": "network", "path": pinned.files[0]},
+            {"type": "ipc", "path": pinned.files[1]},
+            {"type": "uts", "path": pinned.files[2]},
+        ]);
+    });
+    let o = crio_start(&ns, &app.dir, "pa1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let _app_out = open_fifo_reader(&app.stdout);
+    client.create(ctx(), &crio_create_req(&app)).await.unwrap();
+    client
+        .start(
+            ctx(),
+            &StartRequest {
+                id: "pa1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let exec_out = ns.dir.join("exec-out");
+    nix::unistd::mkfifo(&exec_out, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let mut reader = open_fifo_reader(&exec_out);
+    let process = serde_json::json!({"args": ["cat", "/proc/1/cmdline"], "cwd": "/", "env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0}});
+    let exec = ExecProcessRequest {
+        id: "pa1".into(),
+        exec_id: "e1".into(),
+        stdout: exec_out.to_str().unwrap().into(),
+        spec: protobuf::MessageField::some(protobuf::well_known_types::any::Any {
+            type_url: "types.containerd.io/opencontainers/runtime-spec/1/Process".into(),
+            value: serde_json::to_vec(&process).unwrap(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    client.exec(ctx(), &exec).await.unwrap();
+    client
+        .start(
+            ctx(),
+            &StartRequest {
+                id: "pa1".into(),
+                exec_id: "e1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let seen = crate::common::read_fifo(&mut reader, Duration::from_secs(10));
+    assert!(
+        seen.starts_with("/pause"),
+        "pid 1 seen from the app container: {seen:?}"
+    );
+
+    // Exec into the sandbox itself is refused, with the reason.
+    let into_pause = ExecProcessRequest {
+        id: "pl1".into(),
+        exec_id: "e2".into(),
+        ..exec.clone()
+    };
+    let refused = match client.exec(ctx(), &into_pause).await {
+        Err(e) => e,
+        Ok(_) => {
+            let start_exec = StartRequest {
+                id: "pl1".into(),
+                exec_id: "e2".into(),
+                ..Default::default()
+            };
+            client.start(ctx(), &start_exec).await.unwrap_err()
+        }
+    };
+    assert!(
+        message(&refused).contains("fast path"),
+        "{:?}: {}",
+        code(&refused),
+        message(&refused)
+    );
+
+    crate::common::crio_kill_and_remove(&client, "pa1").await;
+    let kill = KillRequest {
+        id: "pl1".into(),
+        signal: 9,
+        ..Default::default()
+    };
+    client.kill(ctx(), &kill).await.unwrap();
+    let waited = client
+        .wait(
+            ctx(),
+            &WaitRequest {
+                id: "pl1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(waited.exit_status, 137);
+    crio_remove(&client, "pl1").await;
+    drop(pinned);
+    assert_clean(env, &ns);
+}
+
+/// What the fast path does not handle goes to runc (a `cgroup` mount here, as in runc's own
+/// default spec) and still runs; a pause container whose program is missing fails Create with
+/// the reason, as runc's does, leaving no cgroup, process or file behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unhandled_specs_fall_back_and_failures_leave_nothing() {
+    let env = env();
+    let ns = env.namespace("sandbox-fallback");
+    let rootfs = pause_rootfs();
+    let pinned = Pinned::new(&ns.dir);
+    let b = pause_bundle(&ns, "pc1", &rootfs, &pinned, |spec| {
+        let cgroup = serde_json::json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+                                        "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]});
+        spec["mounts"].as_array_mut().unwrap().push(cgroup);
+    });
+    let (client, _pid) = start_pause(&ns, &b).await;
+    assert_eq!(started_by(&ns, "pc1"), "runc");
+    crate::common::crio_kill_and_remove(&client, "pc1").await;
+
+    let missing = pause_bundle(&ns, "pm1", &rootfs, &pinned, |spec| {
+        spec["process"]["args"] = serde_json::json!(["/no/pause"])
+    });
+    let o = crio_start(&ns, &missing.dir, "pm1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&missing.stdout);
+    let e = client.create(ctx(), &crio_create_req(&missing)).await.unwrap_err();
+    assert!(message(&e).contains("/no/pause"), "{}", message(&e));
+    assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory/{}/pm1", ns.name)).exists());
+    crate::common::shutdown(&client, "pm1").await;
+    drop(pinned);
+    assert_clean(env, &ns);
+}
+
+/// The daemon SIGKILLed under a running fast-path sandbox: `delete`, as the engine runs it
+/// then, kills the pause process and removes its cgroup though no OCI runtime knew it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_after_a_dead_daemon_cleans_a_fast_path_sandbox() {
+    let env = env();
+    let ns = env.namespace("sandbox-orphan");
+    let rootfs = pause_rootfs();
+    let pinned = Pinned::new(&ns.dir);
+    let b = pause_bundle(&ns, "po1", &rootfs, &pinned, |_| {});
+    let (_client, pid) = start_pause(&ns, &b).await;
+    assert_eq!(started_by(&ns, "po1"), "fast path");
+    let daemon: i32 = std::fs::read_to_string(b.dir.join("shim.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon), nix::sys::signal::SIGKILL).unwrap();
+    let o = run(Command::new(SHIM)
+        .args(["-namespace", "default", "-id", "po1", "-bundle"])
+        .arg(&b.dir)
+        .arg("delete")
+        .env("GANTRY_CONFIG", &ns.config));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z"))
+    }));
+    assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory/{}/po1", ns.name)).exists());
+    drop(pinned);
+    assert_clean(env, &ns);
+}

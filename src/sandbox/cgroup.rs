@@ -1,0 +1,313 @@
+//! The fast-path container's cgroup (v1, cgroupfs): joined, limited, frozen, listed and removed
+//! through libcgroups, plus the named hierarchies (`name=systemd`) libcgroups leaves alone and
+//! runc joins too.
+
+use std::path::{Path, PathBuf};
+
+use libcgroups::common::{CgroupManager, ControllerOpt, FreezerState};
+use libcgroups::v1::manager::Manager;
+use nix::unistd::Pid;
+use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxResources};
+
+/// Why a cgroup operation failed (reported as the fast path's runtime error).
+#[derive(Debug, thiserror::Error)]
+#[error("cgroup {path}: {why}")]
+pub struct CgroupError {
+    pub path: String,
+    pub why: String,
+}
+
+fn err(path: &Path, why: impl ToString) -> CgroupError {
+    CgroupError {
+        path: path.display().to_string(),
+        why: why.to_string(),
+    }
+}
+
+fn manager(path: &Path) -> Result<Manager, CgroupError> {
+    Manager::new(path).map_err(|e| err(path, e))
+}
+
+/// runc's always-allowed device rules, appended after the spec's (specconv's AllowedDevices).
+fn default_rules() -> Vec<LinuxDeviceCgroup> {
+    let rule = |typ, major: Option<i64>, minor: Option<i64>, access: &str| {
+        let mut b = LinuxDeviceCgroupBuilder::default()
+            .allow(true)
+            .typ(typ)
+            .access(access.to_string());
+        if let Some(m) = major {
+            b = b.major(m);
+        }
+        if let Some(m) = minor {
+            b = b.minor(m);
+        }
+        b.build().unwrap_or_default()
+    };
+    use LinuxDeviceType::{B, C};
+    vec![
+        rule(C, None, None, "m"),
+        rule(B, None, None, "m"),
+        rule(C, Some(1), Some(3), "rwm"),
+        rule(C, Some(1), Some(8), "rwm"),
+        rule(C, Some(1), Some(7), "rwm"),
+        rule(C, Some(5), Some(0), "rwm"),
+        rule(C, Some(1), Some(5), "rwm"),
+        rule(C, Some(1), Some(9), "rwm"),
+        rule(C, Some(136), None, "rwm"),
+        rule(C, Some(5), Some(2), "rwm"),
+        rule(C, Some(10), Some(200), "rwm"),
+    ]
+}
+
+/// The resources runc would write: the spec's device rules, an allow rule per
+/// `linux.devices` node, then runc's defaults.
+pub fn effective_resources(
+    resources: Option<&LinuxResources>,
+    nodes: &[(LinuxDeviceType, i64, i64)],
+) -> LinuxResources {
+    let mut r = resources.cloned().unwrap_or_default();
+    let mut rules = r.devices().clone().unwrap_or_default();
+    for (typ, major, minor) in nodes {
+        let node = LinuxDeviceCgroupBuilder::default()
+            .allow(true)
+            .typ(*typ)
+            .major(*major)
+            .minor(*minor)
+            .access("rwm".to_string())
+            .build();
+        rules.extend(node.ok());
+    }
+    rules.extend(default_rules());
+    r.set_devices(Some(rules));
+    r
+}
+
+/// Mount points of the v1 hierarchies whose super options pass `pick`.
+fn hierarchies(pick: fn(&str) -> bool) -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let mut post = post.split(' ');
+            let (fstype, _source, opts) = (post.next()?, post.next()?, post.next()?);
+            (fstype == "cgroup" && pick(opts))
+                .then(|| pre.split(' ').nth(4).map(PathBuf::from))
+                .flatten()
+        })
+        .collect()
+}
+
+/// Hierarchies libcgroups' v1 manager leaves alone and runc joins too: those mounted with a
+/// `name=` option (no controller) and, on a hybrid host, the unified one.
+fn extra_hierarchies() -> Vec<PathBuf> {
+    let mut out = hierarchies(|opts| opts.split(',').any(|o| o.starts_with("name=")));
+    out.extend(cgroup2_mounts());
+    out
+}
+
+fn cgroup2_mounts() -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            (post.split(' ').next() == Some("cgroup2"))
+                .then(|| pre.split(' ').nth(4).map(PathBuf::from))
+                .flatten()
+        })
+        .collect()
+}
+
+/// Whether the cgroup exists in any v1 hierarchy.
+pub fn exists(path: &Path) -> bool {
+    hierarchies(|_| true).iter().any(|m| m.join(relative(path)).is_dir())
+}
+
+fn relative(path: &Path) -> &Path {
+    path.strip_prefix("/").unwrap_or(path)
+}
+
+/// Puts `pid` into `path` in every hierarchy and applies `resources`: devices as runc's
+/// emulator writes them, the rest through libcgroups.
+pub fn join(path: &Path, resources: &LinuxResources, pid: i32) -> Result<(), CgroupError> {
+    let m = manager(path)?;
+    m.add_task(Pid::from_raw(pid)).map_err(|e| err(path, e))?;
+    let mut rest = resources.clone();
+    let rules = rest.devices().clone().unwrap_or_default();
+    rest.set_devices(None);
+    let opt = ControllerOpt {
+        resources: &rest,
+        disable_oom_killer: rest
+            .memory()
+            .as_ref()
+            .and_then(|m| m.disable_oom_killer())
+            .unwrap_or(false),
+        oom_score_adj: None,
+        freezer_state: None,
+    };
+    m.apply(&opt).map_err(|e| err(path, e))?;
+    if !rules.is_empty() {
+        write_devices(path, &rules)?;
+    }
+    for mount in extra_hierarchies() {
+        let dir = mount.join(relative(path));
+        std::fs::create_dir_all(&dir).map_err(|e| err(&dir, e))?;
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).map_err(|e| err(&dir, e))?;
+    }
+    Ok(())
+}
+
+/// A device rule as the v1 devices files take it: `c 1:3 rwm`.
+fn rule_text(r: &LinuxDeviceCgroup) -> (String, (u8, i64, i64)) {
+    let kind = match r.typ() {
+        Some(LinuxDeviceType::B) => 'b',
+        Some(LinuxDeviceType::C | LinuxDeviceType::U) => 'c',
+        Some(LinuxDeviceType::P) => 'p',
+        _ => 'a',
+    };
+    let num = |n: Option<i64>| n.map(|n| n.to_string()).unwrap_or_else(|| "*".into());
+    let access = r.access().clone().unwrap_or_else(|| "rwm".into());
+    let text = format!("{kind} {}:{} {access}", num(r.major()), num(r.minor()));
+    (text, (kind as u8, r.major().unwrap_or(-1), r.minor().unwrap_or(-1)))
+}
+
+fn is_everything(r: &LinuxDeviceCgroup) -> bool {
+    matches!(r.typ(), None | Some(LinuxDeviceType::A)) && r.major().is_none() && r.minor().is_none()
+}
+
+/// The rules folded as runc's devices emulator folds them: a rule on every device resets the
+/// default, any other is an exception to it (or cancels one). Default, then sorted exceptions.
+pub fn fold_devices(rules: &[LinuxDeviceCgroup]) -> (bool, Vec<String>) {
+    let mut allow_all = true;
+    let mut exceptions: Vec<(String, (u8, i64, i64))> = Vec::new();
+    for r in rules {
+        let allow = r.allow();
+        if is_everything(r) {
+            allow_all = allow;
+            exceptions.clear();
+            continue;
+        }
+        let rule = rule_text(r);
+        exceptions.retain(|e| e.0 != rule.0);
+        if allow != allow_all {
+            exceptions.push(rule);
+        }
+    }
+    exceptions.sort_by_key(|e| e.1);
+    (allow_all, exceptions.into_iter().map(|e| e.0).collect())
+}
+
+fn write_devices(path: &Path, rules: &[LinuxDeviceCgroup]) -> Result<(), CgroupError> {
+    let Some(mount) = hierarchies(|o| o.split(',').any(|c| c == "devices")).into_iter().next() else {
+        return Err(err(path, "no devices hierarchy is mounted"));
+    };
+    let dir = mount.join(relative(path));
+    let (allow_all, exceptions) = fold_devices(rules);
+    let (reset, except) = if allow_all {
+        ("devices.allow", "devices.deny")
+    } else {
+        ("devices.deny", "devices.allow")
+    };
+    std::fs::write(dir.join(reset), "a").map_err(|e| err(&dir, e))?;
+    for rule in exceptions {
+        std::fs::write(dir.join(except), &rule).map_err(|e| err(&dir, format!("{except} {rule}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// New limits (Update).
+pub fn update(path: &Path, resources: &LinuxResources) -> Result<(), CgroupError> {
+    let opt = ControllerOpt {
+        resources,
+        disable_oom_killer: false,
+        oom_score_adj: None,
+        freezer_state: None,
+    };
+    manager(path)?.apply(&opt).map_err(|e| err(path, e))
+}
+
+pub fn freeze(path: &Path, frozen: bool) -> Result<(), CgroupError> {
+    let state = if frozen {
+        FreezerState::Frozen
+    } else {
+        FreezerState::Thawed
+    };
+    manager(path)?.freeze(state).map_err(|e| err(path, e))
+}
+
+pub fn pids(path: &Path) -> Result<Vec<i32>, CgroupError> {
+    let pids = manager(path)?.get_all_pids().map_err(|e| err(path, e))?;
+    Ok(pids.into_iter().map(Pid::as_raw).collect())
+}
+
+/// Kills what is left in it and removes it from every hierarchy.
+pub fn remove(path: &Path) -> Result<(), CgroupError> {
+    manager(path)?.remove().map_err(|e| err(path, e))?;
+    for mount in extra_hierarchies() {
+        let dir = mount.join(relative(path));
+        match std::fs::remove_dir(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(err(&dir, e)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runc_rules_follow_the_spec_and_node_rules() {
+        let deny = LinuxDeviceCgroupBuilder::default()
+            .allow(false)
+            .access("rwm".to_string())
+            .build()
+            .unwrap();
+        let mut spec = LinuxResources::default();
+        spec.set_devices(Some(vec![deny.clone()]));
+        let r = effective_resources(Some(&spec), &[(LinuxDeviceType::C, 195, 0)]);
+        let rules = r.devices().clone().unwrap();
+        assert_eq!(rules[0], deny);
+        assert_eq!(
+            (rules[1].major(), rules[1].minor(), rules[1].allow()),
+            (Some(195), Some(0), true)
+        );
+        assert_eq!(rules.len(), 2 + default_rules().len());
+        assert_eq!(rules.last().unwrap().major(), Some(10));
+        let (allow_all, list) = fold_devices(&rules);
+        assert!(!allow_all);
+        assert_eq!(list[..3], ["b *:* m", "c *:* m", "c 1:3 rwm"]);
+        assert_eq!(list[list.len() - 3..], ["c 10:200 rwm", "c 136:* rwm", "c 195:0 rwm"]);
+    }
+
+    #[test]
+    fn folding_follows_runcs_emulator() {
+        let rule = |allow: bool, typ: Option<LinuxDeviceType>, major: Option<i64>| {
+            let mut b = LinuxDeviceCgroupBuilder::default()
+                .allow(allow)
+                .access("rwm".to_string());
+            if let Some(t) = typ {
+                b = b.typ(t);
+            }
+            if let Some(m) = major {
+                b = b.major(m).minor(0);
+            }
+            b.build().unwrap()
+        };
+        use LinuxDeviceType::C;
+        // Allow-all stays the default; a deny is an exception; a later allow cancels it.
+        let (all, list) = fold_devices(&[rule(false, Some(C), Some(4)), rule(false, Some(C), Some(5))]);
+        assert!(all);
+        assert_eq!(list, ["c 4:0 rwm", "c 5:0 rwm"]);
+        let (_, list) = fold_devices(&[rule(false, Some(C), Some(4)), rule(true, Some(C), Some(4))]);
+        assert!(list.is_empty());
+        // A rule on every device resets everything before it.
+        let (all, list) = fold_devices(&[
+            rule(true, Some(C), Some(4)),
+            rule(false, None, None),
+            rule(true, Some(C), Some(9)),
+        ]);
+        assert!(!all);
+        assert_eq!(list, ["c 9:0 rwm"]);
+    }
+}

@@ -1,0 +1,228 @@
+//! Which containers the fast path takes: pure functions over the final `config.json`.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde_json::Value;
+
+use crate::spec::{CRIO_CONTAINER_TYPE, CRI_CONTAINER_TYPE};
+
+/// Why a sandbox container goes to the OCI runtime instead (logged).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fallback(pub String);
+
+impl fmt::Display for Fallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn fallback<T>(why: impl Into<String>) -> Result<T, Fallback> {
+    Err(Fallback(why.into()))
+}
+
+/// The engine says this is a pod's infra container.
+pub fn is_sandbox(annotations: &HashMap<String, String>) -> bool {
+    [CRIO_CONTAINER_TYPE, CRI_CONTAINER_TYPE]
+        .iter()
+        .any(|k| annotations.get(*k).map(String::as_str) == Some("sandbox"))
+}
+
+/// The process is a pause program: one argument whose file name is `pause` (the Kubernetes
+/// pause image runs `/pause`).
+pub fn is_pause(doc: &Value) -> bool {
+    let args = doc.pointer("/process/args").and_then(Value::as_array);
+    match args.map(Vec::as_slice) {
+        Some([Value::String(a)]) => a.rsplit('/').next() == Some("pause"),
+        _ => false,
+    }
+}
+
+/// Keys of each object the fast path applies; any other key with a non-empty value sends the
+/// container to the OCI runtime (a field newer than this code may restrict something).
+const TOP: &[&str] = &[
+    "ociVersion",
+    "process",
+    "root",
+    "hostname",
+    "domainname",
+    "mounts",
+    "linux",
+    "annotations",
+    "hooks",
+];
+const PROCESS: &[&str] = &[
+    "terminal",
+    "consoleSize",
+    "user",
+    "args",
+    "env",
+    "cwd",
+    "capabilities",
+    "rlimits",
+    "noNewPrivileges",
+    "oomScoreAdj",
+    "apparmorProfile",
+    "selinuxLabel",
+];
+const USER: &[&str] = &["uid", "gid", "umask", "additionalGids"];
+const LINUX: &[&str] = &[
+    "namespaces",
+    "uidMappings",
+    "gidMappings",
+    "devices",
+    "cgroupsPath",
+    "resources",
+    "sysctl",
+    "seccomp",
+    "rootfsPropagation",
+    "maskedPaths",
+    "readonlyPaths",
+    "mountLabel",
+];
+const SECCOMP: &[&str] = &["defaultAction", "defaultErrnoRet", "architectures", "syscalls"];
+const MOUNT_TYPES: &[&str] = &["bind", "proc", "sysfs", "tmpfs", "devpts", "mqueue"];
+const NAMESPACES: &[&str] = &["pid", "network", "mount", "ipc", "uts", "cgroup"];
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.values().all(is_empty),
+        Value::Number(_) => false,
+    }
+}
+
+/// The first key of `obj` (at `at`) outside `known` that holds something.
+fn unknown_keys(obj: Option<&Value>, known: &[&str], at: &str) -> Result<(), Fallback> {
+    let Some(Value::Object(map)) = obj else {
+        return Ok(());
+    };
+    match map.iter().find(|(k, v)| !known.contains(&k.as_str()) && !is_empty(v)) {
+        Some((k, _)) => fallback(format!("{at}{k} is not handled by the fast path")),
+        None => Ok(()),
+    }
+}
+
+/// `Ok` when the fast path applies everything `doc` asks for; else why not. `v2` and
+/// `systemd` describe the host's cgroups and the configured driver.
+pub fn check(doc: &Value, v2: bool, systemd: bool) -> Result<(), Fallback> {
+    if v2 {
+        return fallback("cgroup v2 (runc installs an eBPF device filter there)");
+    }
+    if systemd {
+        return fallback("the systemd cgroup driver");
+    }
+    unknown_keys(Some(doc), TOP, "")?;
+    unknown_keys(doc.get("process"), PROCESS, "process.")?;
+    unknown_keys(doc.pointer("/process/user"), USER, "process.user.")?;
+    unknown_keys(doc.get("linux"), LINUX, "linux.")?;
+    unknown_keys(doc.pointer("/linux/seccomp"), SECCOMP, "linux.seccomp.")?;
+    let set = |p: &str| doc.pointer(p).is_some_and(|v| !is_empty(v));
+    for (path, what) in [
+        ("/hooks", "hooks"),
+        ("/process/terminal", "a terminal"),
+        ("/process/apparmorProfile", "an AppArmor profile"),
+        ("/process/selinuxLabel", "an SELinux label"),
+        ("/linux/mountLabel", "an SELinux mount label"),
+        ("/linux/uidMappings", "user namespace mappings"),
+        ("/linux/gidMappings", "user namespace mappings"),
+    ] {
+        if set(path) {
+            return fallback(what);
+        }
+    }
+    let cgroups_path = doc.pointer("/linux/cgroupsPath").and_then(Value::as_str).unwrap_or("");
+    if !cgroups_path.starts_with('/') || cgroups_path.contains(':') {
+        return fallback(format!("cgroupsPath {cgroups_path:?} is not an absolute cgroupfs path"));
+    }
+    check_namespaces(doc)?;
+    check_mounts(doc)?;
+    check_capabilities(doc)?;
+    check_seccomp(doc)
+}
+
+fn check_namespaces(doc: &Value) -> Result<(), Fallback> {
+    let list = doc.pointer("/linux/namespaces").and_then(Value::as_array);
+    let mut mount = false;
+    for ns in list.into_iter().flatten() {
+        let kind = ns.get("type").and_then(Value::as_str).unwrap_or("");
+        if !NAMESPACES.contains(&kind) {
+            return fallback(format!("a {kind:?} namespace"));
+        }
+        let joined = ns.get("path").is_some_and(|p| !is_empty(p));
+        if kind == "mount" {
+            if joined {
+                return fallback("joining an existing mount namespace");
+            }
+            mount = true;
+        }
+    }
+    if !mount {
+        return fallback("no new mount namespace");
+    }
+    Ok(())
+}
+
+fn check_mounts(doc: &Value) -> Result<(), Fallback> {
+    let list = doc.get("mounts").and_then(Value::as_array);
+    for m in list.into_iter().flatten() {
+        let options: Vec<&str> = m
+            .get("options")
+            .and_then(Value::as_array)
+            .map(|o| o.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let bind = options.iter().any(|o| *o == "bind" || *o == "rbind");
+        let kind = m
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or(if bind { "bind" } else { "" });
+        if !MOUNT_TYPES.contains(&kind) && !bind {
+            return fallback(format!("a {kind:?} mount"));
+        }
+        if let Some(o) = options
+            .iter()
+            .find(|o| o.starts_with("idmap") || o.starts_with("ridmap") || o.starts_with("tmpcopyup"))
+        {
+            return fallback(format!("mount option {o:?}"));
+        }
+        if m.get("uidMappings").is_some_and(|v| !is_empty(v)) || m.get("gidMappings").is_some_and(|v| !is_empty(v)) {
+            return fallback("an id-mapped mount");
+        }
+        let dest = m.get("destination").and_then(Value::as_str).unwrap_or("");
+        if !dest.starts_with('/') {
+            return fallback(format!("mount destination {dest:?} is not absolute"));
+        }
+    }
+    Ok(())
+}
+
+fn check_capabilities(doc: &Value) -> Result<(), Fallback> {
+    let caps = doc.pointer("/process/capabilities").and_then(Value::as_object);
+    for (set, list) in caps.into_iter().flatten() {
+        for name in list.as_array().into_iter().flatten() {
+            let name = name.as_str().unwrap_or("");
+            if super::creds::cap_number(name).is_none() {
+                return fallback(format!("capability {name:?} in process.capabilities.{set}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_seccomp(doc: &Value) -> Result<(), Fallback> {
+    let rules = doc.pointer("/linux/seccomp/syscalls").and_then(Value::as_array);
+    for r in rules.into_iter().flatten() {
+        let action = r.get("action").and_then(Value::as_str).unwrap_or("");
+        if action == "SCMP_ACT_NOTIFY" {
+            return fallback("seccomp notification");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "check_tests.rs"]
+mod tests;

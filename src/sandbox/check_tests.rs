@@ -1,0 +1,205 @@
+use std::collections::HashMap;
+
+use serde_json::{json, Value};
+
+use super::*;
+
+/// A pause container's spec as CRI-O writes it (trimmed): namespaces from pinns, cgroupfs.
+fn pause_spec() -> Value {
+    json!({
+        "ociVersion": "1.0.2-dev",
+        "process": {
+            "user": {"uid": 65535, "gid": 65535},
+            "args": ["/pause"],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "cwd": "/",
+            "capabilities": {"bounding": ["CAP_CHOWN", "CAP_KILL"], "effective": ["CAP_CHOWN"]},
+            "noNewPrivileges": true,
+            "oomScoreAdj": -998
+        },
+        "root": {"path": "/var/lib/containers/storage/overlay/x/merged", "readonly": true},
+        "hostname": "pod",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/shm", "type": "bind", "source": "/run/containers/storage/x/shm", "options": ["rw", "bind"]},
+            {"destination": "/etc/resolv.conf", "source": "/run/x/resolv.conf", "options": ["ro", "bind", "nodev", "nosuid", "noexec"]}
+        ],
+        "annotations": {"io.kubernetes.cri-o.ContainerType": "sandbox"},
+        "linux": {
+            "resources": {"devices": [{"allow": false, "access": "rwm"}], "cpu": {"shares": 2}},
+            "cgroupsPath": "/kubepods/besteffort/pod1/crio-abc",
+            "namespaces": [
+                {"type": "pid"},
+                {"type": "network", "path": "/var/run/netns/x"},
+                {"type": "ipc", "path": "/var/run/ipcns/x"},
+                {"type": "uts", "path": "/var/run/utsns/x"},
+                {"type": "mount"}
+            ],
+            "seccomp": {"defaultAction": "SCMP_ACT_ERRNO", "architectures": ["SCMP_ARCH_X86_64"],
+                        "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"}]},
+            "maskedPaths": ["/proc/kcore"],
+            "readonlyPaths": ["/proc/sys"]
+        }
+    })
+}
+
+fn reason(doc: &Value) -> String {
+    check(doc, false, false).err().map(|f| f.0).unwrap_or_default()
+}
+
+#[test]
+fn a_crio_pause_spec_takes_the_fast_path() {
+    assert_eq!(check(&pause_spec(), false, false), Ok(()));
+}
+
+#[test]
+fn sandboxes_and_pause_programs_are_recognised() {
+    let ann = |k: &str, v: &str| HashMap::from([(k.to_string(), v.to_string())]);
+    assert!(is_sandbox(&ann("io.kubernetes.cri-o.ContainerType", "sandbox")));
+    assert!(is_sandbox(&ann("io.kubernetes.cri.container-type", "sandbox")));
+    assert!(!is_sandbox(&ann("io.kubernetes.cri.container-type", "container")));
+    assert!(!is_sandbox(&HashMap::new()));
+    assert!(is_pause(&pause_spec()));
+    for args in [
+        json!(["/bin/sleep", "1"]),
+        json!(["/pause", "-v"]),
+        json!([]),
+        json!(["/pausex"]),
+    ] {
+        let mut doc = pause_spec();
+        doc["process"]["args"] = args.clone();
+        assert!(!is_pause(&doc), "{args}");
+    }
+    let mut doc = pause_spec();
+    doc["process"]["args"] = json!(["pause"]);
+    assert!(is_pause(&doc));
+}
+
+#[test]
+fn host_cgroup_setups_it_does_not_handle_fall_back() {
+    assert!(check(&pause_spec(), true, false).unwrap_err().0.contains("cgroup v2"));
+    assert!(check(&pause_spec(), false, true).unwrap_err().0.contains("systemd"));
+    for path in ["kubepods-besteffort.slice:crio:abc", "relative/path", ""] {
+        let mut doc = pause_spec();
+        doc["linux"]["cgroupsPath"] = json!(path);
+        assert!(reason(&doc).contains("cgroupsPath"), "{path}");
+    }
+}
+
+#[test]
+fn each_unhandled_feature_names_itself() {
+    type Edit = fn(&mut Value);
+    let cases: Vec<(Edit, &str)> = vec![
+        (|d| d["hooks"] = json!({"prestart": [{"path": "/bin/true"}]}), "hooks"),
+        (|d| d["process"]["terminal"] = json!(true), "terminal"),
+        (
+            |d| d["process"]["apparmorProfile"] = json!("runtime/default"),
+            "AppArmor",
+        ),
+        (
+            |d| d["process"]["selinuxLabel"] = json!("system_u:system_r:container_t:s0"),
+            "SELinux",
+        ),
+        (
+            |d| d["linux"]["mountLabel"] = json!("system_u:object_r:container_file_t:s0"),
+            "SELinux",
+        ),
+        (
+            |d| d["linux"]["uidMappings"] = json!([{"containerID": 0, "hostID": 1000, "size": 1}]),
+            "user namespace",
+        ),
+        (
+            |d| {
+                d["linux"]["namespaces"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"type": "user"}))
+            },
+            "\"user\" namespace",
+        ),
+        (
+            |d| d["linux"]["namespaces"] = json!([{"type": "pid"}]),
+            "no new mount namespace",
+        ),
+        (
+            |d| {
+                d["linux"]["namespaces"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"type": "mount", "path": "/x"}))
+            },
+            "existing mount",
+        ),
+        (
+            |d| {
+                d["mounts"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup"}))
+            },
+            "\"cgroup\" mount",
+        ),
+        (
+            |d| {
+                d["mounts"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"destination": "/x", "type": "bind", "source": "/y", "options": ["rbind", "idmap"]}))
+            },
+            "idmap",
+        ),
+        (
+            |d| {
+                d["mounts"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"destination": "x", "type": "tmpfs", "source": "tmpfs"}))
+            },
+            "not absolute",
+        ),
+        (
+            |d| d["process"]["capabilities"]["effective"] = json!(["CAP_FUTURE_THING"]),
+            "CAP_FUTURE_THING",
+        ),
+        (
+            |d| d["linux"]["seccomp"]["syscalls"][0]["action"] = json!("SCMP_ACT_NOTIFY"),
+            "notification",
+        ),
+        (
+            |d| d["linux"]["seccomp"]["listenerPath"] = json!("/run/agent.sock"),
+            "linux.seccomp.listenerPath",
+        ),
+        (|d| d["linux"]["intelRdt"] = json!({"closID": "x"}), "linux.intelRdt"),
+        (
+            |d| d["linux"]["personality"] = json!({"domain": "LINUX32"}),
+            "linux.personality",
+        ),
+        (
+            |d| d["process"]["ioPriority"] = json!({"class": "IOPRIO_CLASS_IDLE"}),
+            "process.ioPriority",
+        ),
+        (
+            |d| d["process"]["user"]["username"] = json!("nobody"),
+            "process.user.username",
+        ),
+        (|d| d["vendorThing"] = json!({"x": 1}), "vendorThing"),
+    ];
+    for (edit, want) in cases {
+        let mut doc = pause_spec();
+        edit(&mut doc);
+        let why = reason(&doc);
+        assert!(why.contains(want), "{want:?} not in {why:?}");
+    }
+}
+
+#[test]
+fn empty_values_of_unhandled_fields_are_no_reason() {
+    let mut doc = pause_spec();
+    doc["hooks"] = json!({});
+    doc["process"]["apparmorProfile"] = json!("");
+    doc["linux"]["uidMappings"] = json!([]);
+    doc["linux"]["intelRdt"] = Value::Null;
+    doc["process"]["terminal"] = json!(false);
+    assert_eq!(check(&doc, false, false), Ok(()));
+}

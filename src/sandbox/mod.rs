@@ -1,0 +1,89 @@
+//! The sandbox fast path: a pod's infra ("pause") container started by gantry itself instead
+//! of `runc create`/`runc start`.
+//!
+//! Why: a pause container is the same small program in every pod, yet `runc create` costs it
+//! two Go runtime start-ups and most of a pod start (CRI-O always creates one for a `vm`
+//! handler). gantry re-executes its own binary as the container's init (`sandbox-init`), which
+//! applies the subset of the OCI spec a pause container uses, exactly as runc applies it, and
+//! waits for Start to exec the program.
+//!
+//! Handled: namespaces (joined by path, as CRI-O's `pinns` leaves them, or new), the cgroup
+//! (cgroup v1, cgroupfs driver, absolute `cgroupsPath`, resources through libcgroups, every
+//! mounted hierarchy joined as runc joins them), `oomScoreAdj`, rlimits, hostname and
+//! domainname, sysctls, the rootfs (pivoted into, read-only where asked, propagation) and its
+//! `bind`/`proc`/`sysfs`/`tmpfs`/`devpts`/`mqueue` mounts, runc's default device nodes and
+//! `linux.devices`, masked and read-only paths, user, groups and umask, the five capability
+//! sets, `noNewPrivileges` and seccomp (libseccomp).
+//!
+//! Anything else goes to the OCI runtime, and the reason is logged ([`check`] names it): cgroup
+//! v2 (runc installs an eBPF device filter there), the systemd cgroup driver, user namespaces,
+//! hooks, a terminal, AppArmor and SELinux labels, `cgroup` mounts, seccomp notification, and
+//! any field of `process` or `linux` this module does not know.
+
+mod cgroup;
+pub mod check;
+mod creds;
+pub mod init;
+mod rootfs;
+pub mod runtime;
+
+pub use check::{check, is_pause, is_sandbox, Fallback};
+pub use runtime::FastSandbox;
+
+/// The `binary` a fast-path container's runtime record names: `delete` (after a daemon died)
+/// cleans such a container up itself rather than asking an OCI runtime that never knew it.
+pub const RECORD_BINARY: &str = "gantry-sandbox-init";
+
+/// File descriptors `sandbox-init` finds at start: where it reports (`ok` or an error), and
+/// the pipe Start writes to.
+pub const SYNC_FD: i32 = 3;
+pub const START_FD: i32 = 4;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::reaper::Reaper;
+use crate::runtime::Runtime;
+
+/// The fast path's runtime for this container, `None` when it is not a pause container (or
+/// the fast path is off), or why a pause container goes to the OCI runtime.
+pub fn choose(
+    bundle: &Path,
+    annotations: &HashMap<String, String>,
+    config: &Config,
+    oci: &dyn Runtime,
+    reaper: &Reaper,
+) -> Result<Option<Arc<dyn Runtime>>, Fallback> {
+    if !config.runtime.sandbox_fast_path || !is_sandbox(annotations) {
+        return Ok(None);
+    }
+    // The spec as the runtime would read it: after gantry's own edits.
+    let raw = std::fs::read(crate::spec::config_path(bundle)).map_err(|e| Fallback(format!("config.json: {e}")))?;
+    let doc: serde_json::Value = serde_json::from_slice(&raw).map_err(|e| Fallback(format!("config.json: {e}")))?;
+    if !is_pause(&doc) {
+        return Ok(None);
+    }
+    if serde_json::from_value::<oci_spec::runtime::Spec>(doc.clone()).is_err() {
+        return Err(Fallback("the spec holds values gantry does not model".into()));
+    }
+    let identity = oci.identity();
+    let v2 = matches!(
+        libcgroups::common::get_cgroup_setup(),
+        Ok(libcgroups::common::CgroupSetup::Unified) | Err(_)
+    );
+    check(&doc, v2, identity.systemd_cgroup)?;
+    let cgroup = doc
+        .pointer("/linux/cgroupsPath")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("");
+    let sandbox = FastSandbox::new(
+        bundle,
+        cgroup.into(),
+        identity.root,
+        config.runtime.timeouts,
+        reaper.clone(),
+    );
+    Ok(Some(Arc::new(sandbox)))
+}
