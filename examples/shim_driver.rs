@@ -68,13 +68,18 @@ struct Args {
     summary: Option<PathBuf>,
     runtime_floor: bool,
     keep_logs: bool,
+    /// Pod mode: the pause image's rootfs; each run starts a pod (sandbox + one container).
+    pod: Option<PathBuf>,
+    /// GANTRY_CONFIG for a shim's `start` (so one binary runs with two configs).
+    configs: Vec<(String, PathBuf)>,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: shim_driver --shim NAME=PATH [--shim NAME=PATH ...] --rootfs DIR --workdir DIR \
          --address SOCK --ttrpc-address SOCK [--namespace NS] [--runs N] [--warmup N] \
-         [--runtime-binary NAME] [--publish-binary PATH] [--summary FILE] [--runtime-floor] [--keep-logs]"
+         [--runtime-binary NAME] [--publish-binary PATH] [--summary FILE] [--runtime-floor] [--keep-logs] \
+         [--pod PAUSE_ROOTFS] [--config NAME=GANTRY_CONFIG]"
     );
     std::process::exit(2)
 }
@@ -94,6 +99,8 @@ fn parse_args() -> Result<Args> {
         summary: None,
         runtime_floor: false,
         keep_logs: false,
+        pod: None,
+        configs: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -124,6 +131,11 @@ fn parse_args() -> Result<Args> {
             "--runs" => a.runs = v.parse().context("--runs")?,
             "--warmup" => a.warmup = v.parse().context("--warmup")?,
             "--summary" => a.summary = Some(PathBuf::from(v)),
+            "--pod" => a.pod = Some(PathBuf::from(v)),
+            "--config" => {
+                let (n, p) = v.split_once('=').ok_or_else(|| anyhow!("--config wants NAME=PATH"))?;
+                a.configs.push((n.to_string(), PathBuf::from(p)));
+            }
             _ => bail!("unknown flag {flag}"),
         }
     }
@@ -146,6 +158,10 @@ struct Sample {
     shutdown_to_exit: f64,
     cpu_start_cmd: f64,
     cpu_daemon: f64,
+    /// Pod mode: `start` spawned → the sandbox's Start answered.
+    sandbox: f64,
+    /// Pod mode: `start` spawned → the pod's container's Start answered.
+    pod: f64,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -296,6 +312,10 @@ struct Driver {
 
 impl Driver {
     fn bundle(&self, id: &str) -> Result<PathBuf> {
+        self.bundle_with(id, |_| {})
+    }
+
+    fn bundle_with(&self, id: &str, patch: impl FnOnce(&mut Value)) -> Result<PathBuf> {
         let dir = self.args.workdir.join(id);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
@@ -305,6 +325,7 @@ impl Driver {
         spec["root"]["path"] = self.args.rootfs.to_str().unwrap().into();
         spec["root"]["readonly"] = true.into();
         spec["linux"]["cgroupsPath"] = format!("/{}/{}", self.args.namespace, id).into();
+        patch(&mut spec);
         std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&spec)?)?;
         for f in ["stdout", "stderr", "log"] {
             mkfifo(&dir.join(f))?;
@@ -313,9 +334,12 @@ impl Driver {
     }
 
     /// Runs `start` as containerd does; returns (address, start pid's CPU).
-    fn start_cmd(&self, shim: &Path, id: &str, bundle: &Path) -> Result<(String, Duration)> {
+    fn start_cmd(&self, name: &str, shim: &Path, id: &str, bundle: &Path) -> Result<(String, Duration)> {
         let a = &self.args;
         let mut cmd = Command::new(shim);
+        if let Some((_, config)) = a.configs.iter().find(|(n, _)| n == name) {
+            cmd.env("GANTRY_CONFIG", config);
+        }
         cmd.args(["-namespace", &a.namespace, "-address", &a.address])
             .args(["-publish-binary", &a.publish_binary, "-id", id, "start"])
             .current_dir(bundle)
@@ -400,7 +424,175 @@ impl Driver {
         Ok(s)
     }
 
+    async fn start_blocking(
+        &'static self,
+        name: &str,
+        shim: &Path,
+        id: &str,
+        bundle: &Path,
+    ) -> Result<(String, Duration)> {
+        let (name, shim, id, bundle) = (
+            name.to_string(),
+            shim.to_path_buf(),
+            id.to_string(),
+            bundle.to_path_buf(),
+        );
+        tokio::task::spawn_blocking(move || self.start_cmd(&name, &shim, &id, &bundle)).await?
+    }
+
+    /// Pod mode: a pause sandbox and one `/bin/true` container joining its namespaces, both
+    /// through the same daemon, as CRI-O and containerd's CRI start a pod; then torn down.
+    async fn pod(&'static self, name: &str, shim: &Path, id: &str, daemon_slot: &mut Option<i32>) -> Result<Sample> {
+        let pause_rootfs = self.args.pod.clone().unwrap_or_default();
+        let annotate = |spec: &mut Value, kind: &str| {
+            spec["annotations"] = json!({
+                "io.kubernetes.cri.container-type": kind,
+                "io.kubernetes.cri.sandbox-id": id,
+            });
+        };
+        let sandbox = self.bundle_with(id, |spec| {
+            spec["process"]["args"] = json!(["/pause"]);
+            spec["root"]["path"] = pause_rootfs.to_str().unwrap_or_default().into();
+            spec["mounts"]
+                .as_array_mut()
+                .map(|m| m.retain(|m| m["type"] != "cgroup"));
+            annotate(spec, "sandbox");
+        })?;
+        let app_id = format!("{id}-app");
+        let mut drains = Vec::new();
+        for f in ["stdout", "stderr", "log"] {
+            drains.push(drain_fifo(&sandbox.join(f), None)?);
+        }
+        let mut s = Sample::default();
+        let t0 = Instant::now();
+        let (address, _) = self.start_blocking(name, shim, id, &sandbox).await?;
+        *daemon_slot = Some(daemon_pid(&sandbox)?);
+        let client = Client::connect(&address)
+            .await
+            .map_err(|e| anyhow!("connect {address}: {e:?}"))?;
+        let pid = self.create_start(&client, id, &sandbox).await?;
+        s.sandbox = ms(t0.elapsed());
+        let app = self.bundle_with(&app_id, |spec| {
+            annotate(spec, "container");
+            let joined: Vec<Value> = ["pid", "network", "ipc", "uts"]
+                .iter()
+                .zip(["pid", "net", "ipc", "uts"])
+                .map(|(kind, file)| json!({"type": kind, "path": format!("/proc/{pid}/ns/{file}")}))
+                .chain([json!({"type": "mount"})])
+                .collect();
+            spec["linux"]["namespaces"] = joined.into();
+        })?;
+        for f in ["stdout", "stderr", "log"] {
+            drains.push(drain_fifo(&app.join(f), None)?);
+        }
+        let (app_address, _) = self.start_blocking(name, shim, &app_id, &app).await?;
+        if app_address != address {
+            bail!("{name}: the pod's container went to another daemon ({app_address} vs {address})");
+        }
+        self.create_start(&client, &app_id, &app).await?;
+        s.pod = ms(t0.elapsed());
+        let waited: WaitResponse = call(
+            &client,
+            "Wait",
+            &WaitRequest {
+                id: app_id.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+        if waited.exit_status != 0 {
+            bail!("{name}: the pod's /bin/true exited {}", waited.exit_status);
+        }
+        let _: DeleteResponse = call(
+            &client,
+            "Delete",
+            &DeleteRequest {
+                id: app_id.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+        let kill = containerd_shim_protos::api::KillRequest {
+            id: id.into(),
+            signal: 9,
+            ..Default::default()
+        };
+        let _: Empty = call(&client, "Kill", &kill).await?;
+        let _: WaitResponse = call(
+            &client,
+            "Wait",
+            &WaitRequest {
+                id: id.into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+        let _: DeleteResponse = call(
+            &client,
+            "Delete",
+            &DeleteRequest {
+                id: id.into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+        let _: Result<Empty> = call(
+            &client,
+            "Shutdown",
+            &ShutdownRequest {
+                id: id.into(),
+                ..Default::default()
+            },
+        )
+        .await;
+        drop(client);
+        let daemon = daemon_slot.take().unwrap_or_default();
+        let exited = tokio::task::spawn_blocking(move || wait_exited_noreap(daemon));
+        tokio::time::timeout(Duration::from_secs(30), exited).await???;
+        reap(daemon);
+        for d in drains {
+            d.abort();
+        }
+        s.total = ms(t0.elapsed());
+        Ok(s)
+    }
+
+    /// Create and Start of one container; its pid.
+    async fn create_start(&self, client: &Client, id: &str, bundle: &Path) -> Result<u32> {
+        let create = CreateTaskRequest {
+            id: id.into(),
+            bundle: bundle.to_str().unwrap_or_default().into(),
+            stdout: bundle.join("stdout").to_str().unwrap_or_default().into(),
+            stderr: bundle.join("stderr").to_str().unwrap_or_default().into(),
+            options: MessageField::from_option(self.options.clone()),
+            ..Default::default()
+        };
+        let created: CreateTaskResponse = call(client, "Create", &create).await?;
+        let _: StartResponse = call(
+            client,
+            "Start",
+            &StartRequest {
+                id: id.into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+        Ok(created.pid)
+    }
+
     async fn lifecycle(&'static self, name: &str, shim: Option<&Path>, id: &str) -> Result<Sample> {
+        if let (Some(_), Some(shim)) = (&self.args.pod, shim) {
+            let mut daemon = None;
+            let r = self.pod(name, shim, id, &mut daemon).await;
+            if let (Err(_), Some(pid)) = (&r, daemon) {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                reap(pid);
+            }
+            reap_strays();
+            let _ = std::fs::remove_dir_all(self.args.workdir.join(id));
+            let _ = std::fs::remove_dir_all(self.args.workdir.join(format!("{id}-app")));
+            return r;
+        }
         let bundle = self.bundle(id)?;
         let drains = ["stdout", "stderr", "log"]
             .iter()
@@ -448,9 +640,7 @@ impl Driver {
         let mut s = Sample::default();
         let t0 = Instant::now();
 
-        let shim2 = shim.to_path_buf();
-        let (id2, b2) = (id.to_string(), bundle.clone());
-        let (address, cpu_start) = tokio::task::spawn_blocking(move || self.start_cmd(&shim2, &id2, &b2)).await??;
+        let (address, cpu_start) = self.start_blocking(name, shim, id, &bundle).await?;
         s.start_cmd = ms(t0.elapsed());
         s.cpu_start_cmd = ms(cpu_start);
         let daemon = daemon_pid(&bundle)?;
@@ -629,6 +819,13 @@ fn main() -> Result<()> {
                     },
                     "samples_ms": v.iter().map(|s| (s.total * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
             });
+            if a.pod.is_some() {
+                entry = json!({
+                    "sandbox_start_ms": col(|s| s.sandbox),
+                    "pod_start_ms": col(|s| s.pod),
+                    "pod_lifecycle_ms": col(|s| s.total),
+                });
+            }
             if *name == "oci-runtime" {
                 // No shim process: no shim CPU and no `start` command to report.
                 let o = entry.as_object_mut().unwrap();
@@ -650,6 +847,11 @@ fn main() -> Result<()> {
         if let Some(path) = &a.summary {
             let mut tsv = String::new();
             for (name, s) in &shims {
+                if a.pod.is_some() {
+                    tsv.push_str(&format!("{name}\tsandbox_p50\t{}\n", s["sandbox_start_ms"]["p50"]));
+                    tsv.push_str(&format!("{name}\tpod_p50\t{}\n", s["pod_start_ms"]["p50"]));
+                    continue;
+                }
                 for (key, v) in [
                     ("lifecycle_p50", &s["lifecycle_ms"]["p50"]),
                     ("create_p50", &s["phases_ms"]["create"]["p50"]),

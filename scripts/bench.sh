@@ -18,7 +18,10 @@
 #     and the shim's CPU time for that lifecycle (`start` process + daemon, user + system); the
 #     OCI runtime alone on the same container is timed too, as the floor under any shim;
 #   - the event log's cost: gantry's Create RPC p50 with the event log off against on (with
-#     `metrics --listen` running and scraped meanwhile), interleaved, through the same driver.
+#     `metrics --listen` running and scraped meanwhile), interleaved, through the same driver;
+#   - pod start (driver --pod): a pause sandbox and one container joining its namespaces
+#     through one daemon, as the CRI engines start a pod: the Go shim, gantry with the sandbox
+#     fast path, and gantry starting the pause container through runc.
 # Prints one table (metric, Go shim, gantry, ratio gantry/Go, target) and writes it as JSON
 # (default target/bench/results.json). --quick runs a few of each (the CI smoke mode); targets
 # are reported, never enforced: the exit status is non-zero only when something breaks.
@@ -35,7 +38,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --out) out=${2:?--out needs a path}; shift ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -429,6 +432,23 @@ for rt in "${RUNTIMES[@]}"; do
   done <"$work/sec-$rt.tsv"
 done
 
+phase "pod start: a pause sandbox and one container through one daemon (driver --pod), $N_DRV each"
+# Three starters of the same pod, interleaved: the Go shim, gantry with the sandbox fast path
+# (the default), and gantry with it off (the pause container through runc like any other).
+scripts/busybox-image.sh "$work/pause" docker.io/gantry/pause:latest /pause >/dev/null
+sed 's|^\[runtime\]$|[runtime]\nsandbox_fast_path = false|' "$work/gantry-runc.toml" >"$work/gantry-nofast.toml"
+"$driver" --shim "go=$go_bin" --shim "gantry=$gantry_bin" --shim "gantry_runc=$gantry_bin" \
+  --config "gantry=$work/gantry-runc.toml" --config "gantry_runc=$work/gantry-nofast.toml" \
+  --pod "$work/pause/rootfs" --rootfs "$work/image/rootfs" --workdir "$work/drv-pod" \
+  --address "$sock" --ttrpc-address "$sock.ttrpc" --namespace "$ns-pod" \
+  --runs "$N_DRV" --summary "$work/drv-pod.tsv" >"$work/drv-pod.json"
+while IFS=$'\t' read -r k key v; do
+  case "$key" in
+    sandbox_p50) record "sandbox_p50.runc" "$k" "$v" ;;
+    pod_p50) record "pod_start_p50.runc" "$k" "$v" ;;
+  esac
+done <"$work/drv-pod.tsv"
+
 # ---- the table and the JSON ----------------------------------------------------------------
 # KEY|LABEL|UNIT|TARGET   (TARGET: r<=X or r>=X on the ratio gantry/Go, a<=X on gantry's value)
 rows=()
@@ -454,6 +474,10 @@ for rt in "${RUNTIMES[@]}"; do
     "dens_s.$rt|time to $N_DENS running ($BATCH at once)|s|"
   )
 done
+rows+=(
+  "sandbox_p50.runc|sandbox (pause) start p50 (driver --pod)|ms|"
+  "pod_start_p50.runc|pod start p50: sandbox + container (driver --pod)|ms|"
+)
 mkdir -p "$(dirname "$out")"
 machine="$(nproc) cores ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), $(awk '/^MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r)"
 # How an idle CPU waits decides what a cross-CPU wakeup costs (a VM's halt exits, or polls first),
@@ -523,6 +547,12 @@ for rt in "${RUNTIMES[@]}"; do
     END { printf "reference, Create RPC p50 (driver) on %s with seccomp_default = runtime-default: %.3f ms against %.3f ms without (%+.3f ms, the runtime loading the filter included)\n",
             rt, v["seccomp"], v["gantry"], v["seccomp"] - v["gantry"] }' "$work/results.tsv"
 done
+# The sandbox fast path against the same gantry starting the pause container through runc.
+awk -F'\t' '$1 ~ /^(sandbox|pod_start)_p50\.runc$/ { v[$1 "," $2] = $3 }
+  END { printf "sandbox fast path: pause start p50 %.3f ms vs %.3f ms through runc (%.2fx); pod start p50 %.3f vs %.3f ms (%.2fx); the Go shim %.3f / %.3f ms\n",
+          v["sandbox_p50.runc,gantry"], v["sandbox_p50.runc,gantry_runc"], v["sandbox_p50.runc,gantry"] / v["sandbox_p50.runc,gantry_runc"],
+          v["pod_start_p50.runc,gantry"], v["pod_start_p50.runc,gantry_runc"], v["pod_start_p50.runc,gantry"] / v["pod_start_p50.runc,gantry_runc"],
+          v["sandbox_p50.runc,go"], v["pod_start_p50.runc,go"] }' "$work/results.tsv"
 # The event log's cost on the request path (target: Create p50 within 0.5 ms of off).
 awk -F'\t' -v created="$created_counted" '$2 == "create_p50" { v[$1] = $3 }
   END { d = v["on"] - v["off"]
