@@ -453,9 +453,9 @@ impl Driver {
         let sandbox = self.bundle_with(id, |spec| {
             spec["process"]["args"] = json!(["/pause"]);
             spec["root"]["path"] = pause_rootfs.to_str().unwrap_or_default().into();
-            spec["mounts"]
-                .as_array_mut()
-                .map(|m| m.retain(|m| m["type"] != "cgroup"));
+            if let Some(m) = spec["mounts"].as_array_mut() {
+                m.retain(|m| m["type"] != "cgroup");
+            }
             annotate(spec, "sandbox");
         })?;
         let app_id = format!("{id}-app");
