@@ -278,6 +278,62 @@ fn device_injection_is_an_event_and_a_counter() {
     assert_eq!(sample(&m, "gantry_devices_injected_total", &kind), want, "{m}");
 }
 
+/// The hardening policy's decisions are events and counters: those applied at a Create
+/// (`allow`, by what was decided) and a refused container (`deny`, with the refusal's kind).
+#[test]
+fn policy_decisions_are_events_and_counters() {
+    let env = env();
+    let log = log_path("policy");
+    let mut toml = include_str!("../runtime-conf/gantry-hardened.toml").to_string();
+    toml.push_str(&events_toml(&log));
+    let ns = env.namespace_with("mx-policy", &toml);
+    let o = env.ctr_run(&ns, "ok", &[], &["true"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = env.ctr_run(&ns, "priv", &["--privileged"], &["true"]);
+    assert!(!o.status.success(), "a privileged container ran: {}", text(&o));
+    let _ = env.ctr(&ns.name, &["container", "delete", "priv"]);
+    assert_clean(env, &ns);
+    daemons_gone(&ns);
+    let recs = records(&log);
+    let allowed = of(&recs, "ok", Kind::Policy);
+    let seccomp = allowed
+        .iter()
+        .find(|r| r.reason.as_deref() == Some("seccomp"))
+        .expect("seccomp decision");
+    assert_eq!(seccomp.decision.as_deref(), Some("allow"));
+    assert_eq!(seccomp.message.as_deref(), Some("runtime-default"));
+    let denied = of(&recs, "priv", Kind::Policy);
+    assert_eq!(denied.len(), 1, "{recs:#?}");
+    assert_eq!(
+        (denied[0].decision.as_deref(), denied[0].reason.as_deref()),
+        (Some("deny"), Some("privileged"))
+    );
+    assert!(denied[0]
+        .message
+        .as_deref()
+        .unwrap_or("")
+        .contains("security.allow_privileged"));
+    let m = scrape(&log);
+    assert_eq!(
+        sample(
+            &m,
+            "gantry_policy_decisions_total",
+            &[("decision", "deny"), ("reason", "privileged")]
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "gantry_policy_decisions_total",
+            &[("decision", "allow"), ("reason", "seccomp")]
+        ),
+        1.0,
+        "{m}"
+    );
+}
+
 /// `metrics --listen` keeps counting across daemons that come and go; a counter never drops.
 #[test]
 fn exporter_counters_survive_the_daemons_that_counted() {

@@ -41,7 +41,9 @@ pub fn to_ttrpc(e: &TaskError) -> ttrpc::Error {
     let code = match e {
         TaskError::NotFound(_) | TaskError::ExecNotFound { .. } | TaskError::Gone(_) => Code::NOT_FOUND,
         TaskError::AlreadyExists(_) => Code::ALREADY_EXISTS,
-        TaskError::InvalidArgument(_) | TaskError::Config(_) | TaskError::Spec(_) => Code::INVALID_ARGUMENT,
+        TaskError::InvalidArgument(_) | TaskError::Refused { .. } | TaskError::Config(_) | TaskError::Spec(_) => {
+            Code::INVALID_ARGUMENT
+        }
         TaskError::Io(IoError::Open { .. } | IoError::Scheme(_) | IoError::NotAbsolute(_)) => Code::INVALID_ARGUMENT,
         TaskError::Precondition(_) | TaskError::State(_) => Code::FAILED_PRECONDITION,
         TaskError::Unimplemented(_) => Code::UNIMPLEMENTED,
@@ -169,7 +171,11 @@ impl TaskService {
             namespace: self.namespace.clone(),
             console_dir: self.console_dir.clone(),
         };
-        let container = Container::create(params, self.reaper.clone(), &self.runtimes, &self.log).await?;
+        let created = Container::create(params, self.reaper.clone(), &self.runtimes, &self.log).await;
+        if let Err(TaskError::Refused { reason, message }) = &created {
+            self.telemetry.policy(&id, "deny", reason, message);
+        }
+        let container = created?;
         let pid = container.init.pid();
         self.containers().insert(id.clone(), container.clone());
         self.publisher.publish(Event::Create(TaskCreate {

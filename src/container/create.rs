@@ -219,7 +219,10 @@ async fn prepare_bundle(
     }
     let edits = spec::edit(&p.bundle, loaded, config).map_err(|e| match e {
         SpecError::Devices(d) => TaskError::InvalidArgument(d.to_string()),
-        SpecError::Security(s) => TaskError::InvalidArgument(format!("container {:?}: {s}", p.id)),
+        SpecError::Security(s) => TaskError::Refused {
+            reason: s.reason(),
+            message: format!("container {:?}: {s}", p.id),
+        },
         other => TaskError::Spec(other),
     })?;
     for w in &edits.devices.warnings {

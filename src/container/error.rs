@@ -24,6 +24,10 @@ pub enum TaskError {
     AlreadyExists(String),
     #[error("{0}")]
     InvalidArgument(String),
+    /// The security policy refused the container (INVALID_ARGUMENT); `reason` is short and
+    /// low-cardinality, for the policy event.
+    #[error("{message}")]
+    Refused { reason: &'static str, message: String },
     #[error("{0}")]
     Precondition(String),
     #[error("{0}")]

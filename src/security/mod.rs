@@ -175,6 +175,37 @@ pub enum SecurityError {
     AppArmor(#[from] AppArmorError),
 }
 
+impl SecurityError {
+    /// The refusal's kind, as the `reason` of its policy event and metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SecurityError::Privileged => "privileged",
+            SecurityError::Caps(_) => "capabilities",
+            SecurityError::Seccomp { .. } => "seccomp",
+            SecurityError::ProfileFile { .. } => "seccomp-profile",
+            SecurityError::AppArmor(_) => "apparmor",
+        }
+    }
+}
+
+/// The policy's decisions as recorded in a container's annotations: (reason, value) for the
+/// policy events of its Create.
+pub fn recorded_decisions(annotations: &std::collections::HashMap<String, String>) -> Vec<(&'static str, String)> {
+    [
+        (SECCOMP_ANNOTATION, "seccomp"),
+        (APPARMOR_ANNOTATION, "apparmor"),
+        (CAPS_DROPPED_ANNOTATION, "capabilities-dropped"),
+        (NNP_ANNOTATION, "no-new-privileges"),
+        (READONLY_ANNOTATION, "readonly-rootfs"),
+        (PRIVILEGED_ANNOTATION, "privileged"),
+    ]
+    .into_iter()
+    .filter_map(|(key, reason)| annotations.get(key).map(|v| (reason, v.clone())))
+    // Every container under a policy records `privileged=false`; only the exception is news.
+    .filter(|(reason, v)| *reason != "privileged" || v == "true")
+    .collect()
+}
+
 /// What [`apply`] decided, for the log.
 #[derive(Debug, Default)]
 pub struct Report {

@@ -204,6 +204,7 @@ async fn drain(mut rx: mpsc::Receiver<Msg>, writer: EventLog, dropped: Arc<Atomi
 impl Drain {
     fn handle(&mut self, mut r: Record, bundle: Option<PathBuf>) {
         let mut devices = Vec::new();
+        let mut decisions = Vec::new();
         if let Some(b) = bundle {
             let annotations = crate::spec::load_annotations(&b).unwrap_or_default();
             self.pods.insert(r.id.clone(), PodMeta::from_annotations(&annotations));
@@ -211,6 +212,7 @@ impl Drain {
                 .get(INJECTED_ANNOTATION)
                 .map(|v| v.split(',').filter(|d| !d.is_empty()).map(str::to_string).collect())
                 .unwrap_or_default();
+            decisions = crate::security::recorded_decisions(&annotations);
         }
         if let Some(meta) = self.pods.get(&r.id) {
             r.pod = meta.clone();
@@ -228,6 +230,16 @@ impl Drain {
         self.write(&r);
         if let Some(d) = injected {
             self.write(&d);
+        }
+        // The security policy's decisions at this Create, one policy event each.
+        for (reason, value) in decisions {
+            let mut p = Record::new(Kind::Policy, &r.id, &r.ns, &r.handler);
+            p.pod = r.pod.clone();
+            p.traceparent = r.traceparent.clone();
+            p.decision = Some("allow".into());
+            p.reason = Some(reason.into());
+            p.message = Some(value);
+            self.write(&p);
         }
     }
 
