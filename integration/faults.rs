@@ -411,3 +411,53 @@ fn containerd_restart_while_containers_run() {
     drop(cd);
     assert_clean(env, &ns);
 }
+
+/// A real client deadline through containerd: `ctr --timeout` expires while the runtime is
+/// still in `create` (gated), and the runtime only finishes after containerd's own cleanup has
+/// given up too (its Delete timed out waiting on the Create, its Shutdown found the Create in
+/// flight, it ran `delete`). gantry rolls the abandoned Create back and the daemon exits.
+#[test]
+fn ctr_timeout_during_create_leaves_nothing() {
+    let env = env();
+    let (ns, marker, gate) = gated_ns("fault-ctr-timeout");
+    let config = ns.config.to_str().unwrap();
+    let o = env.ctr(
+        &ns.name,
+        &[
+            "--timeout",
+            "3s",
+            "run",
+            "--runtime",
+            crate::common::RUNTIME,
+            "--runtime-config-path",
+            config,
+            crate::common::IMAGE,
+            "ct1",
+            "true",
+        ],
+    );
+    assert!(!o.status.success(), "ctr ran past its deadline: {}", text(&o));
+    assert!(text(&o).contains("deadline"), "{}", text(&o));
+    let runtime = read_pid(&marker);
+    // The engine gives up entirely first: its cleanup (Delete, which waits on the Create, then
+    // Shutdown, then the `delete` action) times out and removes the bundle.
+    let bundle = env.bundle(&ns.name, "ct1");
+    assert!(
+        wait_until(Duration::from_secs(20), || !bundle.join("config.json").exists()),
+        "{bundle:?} stayed"
+    );
+    std::fs::write(&gate, "").unwrap();
+    // The runtime finishes its create after the client has gone; gantry rolls it back.
+    assert!(wait_until(Duration::from_secs(20), || !Path::new(&format!(
+        "/proc/{runtime}"
+    ))
+    .exists()
+        || std::fs::read_to_string(format!("/proc/{runtime}/stat"))
+            .is_ok_and(|s| s.contains(") Z"))));
+    let _ = env.ctr(&ns.name, &["task", "delete", "-f", "ct1"]);
+    let o = env.ctr(&ns.name, &["container", "delete", "ct1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::remove_file(&gate).unwrap();
+    std::fs::remove_file(&marker).unwrap();
+    assert_clean(env, &ns);
+}

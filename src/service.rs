@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -82,6 +83,9 @@ pub struct TaskService {
     log: Logger,
     /// Signalled when Shutdown finds no container left.
     pub shutdown: Arc<Notify>,
+    /// A Shutdown came while only Creates were in flight: the daemon exits when they end
+    /// leaving nothing (an engine's cleanup after a Create that missed its deadline).
+    shutdown_pending: AtomicBool,
 }
 
 type TResult<T> = ttrpc::Result<T>;
@@ -99,6 +103,7 @@ impl TaskService {
             runtimes: oci_runtimes(),
             log,
             shutdown: Arc::new(Notify::new()),
+            shutdown_pending: AtomicBool::new(false),
         }
     }
 
@@ -297,6 +302,40 @@ impl TaskService {
         })
     }
 
+    /// After a Create's work: one whose client gave up (its deadline passed, the handler was
+    /// dropped) is rolled back as the Go shim's cancelled `runc create` is, since the engine
+    /// believes it failed and its own cleanup may already have come and gone; then a Shutdown
+    /// that came while it ran takes effect if nothing is left.
+    async fn after_create(&self, id: &str, created: bool, abandoned: &AtomicBool) {
+        // Taken out of the map before the first await: a Delete that waited on this Create
+        // finds nothing (NOT_FOUND) rather than deleting it a second time.
+        let rollback = created && abandoned.load(Ordering::SeqCst);
+        // In flight again until rolled back: Delete waits, Shutdown does not exit midway.
+        let rolling = rollback.then(|| self.creating.begin(id, || false)).flatten();
+        let taken = rollback.then(|| self.containers().remove(id)).flatten();
+        if let Some(c) = taken {
+            warn!(self.log, "create finished after its client gave up: rolled back"; "id" => id);
+            match c.delete().await {
+                Ok(exit) => self.publisher.publish(Event::Delete(TaskDelete {
+                    container_id: c.id.clone(),
+                    pid: exit.pid as u32,
+                    exit_status: exit.status,
+                    exited_at: ts_field(Some(exit.at)),
+                    id: c.id.clone(),
+                    ..Default::default()
+                })),
+                Err(e) => warn!(self.log, "rolling back an abandoned create"; "id" => id, "error" => %e),
+            }
+        }
+        drop(rolling);
+        // containerd's cleanup of a Create past its deadline sends Shutdown while the Create
+        // still runs, then closes the connection: that Shutdown takes effect now.
+        if self.is_empty() && self.shutdown_pending.swap(false, Ordering::SeqCst) {
+            info!(self.log, "shutdown"; "id" => id, "exiting" => true, "after" => "create");
+            self.shutdown.notify_one();
+        }
+    }
+
     async fn do_delete(&self, req: DeleteRequest) -> Result<DeleteResponse, TaskError> {
         // CRI-O answers a Create that missed its deadline with Delete: it must find what that
         // Create, still running, leaves.
@@ -454,6 +493,17 @@ fn exit_event(container_id: &str, id: &str, info: ExitInfo) -> Event {
 #[derive(Clone)]
 pub struct Service(pub Arc<TaskService>);
 
+/// Sets its flag when dropped while still holding it.
+struct SetOnDrop(Option<Arc<AtomicBool>>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        if let Some(flag) = &self.0 {
+            flag.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
 impl Service {
     /// Runs a mutating request as a task of its own and awaits it. ttrpc drops the handler when
     /// the client's deadline passes; the spawned task still runs to its end, so no request stops
@@ -495,8 +545,18 @@ impl Task for Service {
         info!(self.0.log, "create"; "id" => &req.id, "bundle" => &req.bundle, "terminal" => req.terminal,
             "traceparent" => trace);
         let id = req.id.clone();
-        self.detached(ctx, "create", id, |s| async move { s.do_create(req).await })
-            .await
+        // Set if this handler is dropped (the client's deadline) before the work ends.
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let mut gave_up = SetOnDrop(Some(abandoned.clone()));
+        let result = self
+            .detached(ctx, "create", id.clone(), |s| async move {
+                let r = s.do_create(req).await;
+                s.after_create(&id, r.is_ok(), &abandoned).await;
+                r
+            })
+            .await;
+        gave_up.0 = None;
+        result
     }
 
     async fn start(&self, ctx: &TtrpcContext, req: StartRequest) -> TResult<StartResponse> {
@@ -674,6 +734,9 @@ impl Task for Service {
         info!(self.0.log, "shutdown"; "id" => &req.id, "exiting" => empty);
         if empty {
             self.0.shutdown.notify_one();
+        } else if self.0.containers().is_empty() {
+            // Only Creates in flight: decided when they end (see `after_create`).
+            self.0.shutdown_pending.store(true, Ordering::SeqCst);
         }
         Ok(Empty::new())
     }
