@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1::{
+use crate::common::cri_api::{
     ContainerFilter, ContainerState, ContainerStatsRequest, ContainerStatusRequest, ContainerStatusResponse,
     CreateContainerRequest, ExecSyncRequest, ExecSyncResponse, LinuxContainerResources, ListContainersRequest,
     PodSandboxConfig, PodSandboxState, PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest,
@@ -326,9 +326,7 @@ async fn cri_gantry_pod_lifecycle() {
         linux: Some(LinuxContainerResources {
             memory_limit_in_bytes: limit,
             cpu_shares: 512,
-            ..Default::default()
         }),
-        ..Default::default()
     })
     .await
     .unwrap_or_else(|e| panic!("UpdateContainerResources: {e:?}\n{}", tail()));
@@ -399,7 +397,6 @@ async fn cri_gantry_pod_lifecycle() {
         .list_containers(ListContainersRequest {
             filter: Some(ContainerFilter {
                 pod_sandbox_id: pod.clone(),
-                ..Default::default()
             }),
         })
         .await

@@ -1,5 +1,18 @@
 //! Command-line parsing in Go's `flag` syntax, because engines start shims the way the Go
 //! runc shim expects: `-id abc`, `-id=abc`, `--id abc`, and a trailing action word.
+//!
+//! In-tree rather than a crate (checked for the dependency diet):
+//! - lexopt 0.3 and clap 4 read `-id` as short options (`-i` and `-d`, or `-i` with value `d`):
+//!   a single dash is never a long option there. clap also brings clap_builder, clap_lex and
+//!   anstyle at the least.
+//! - pico-args 0.5 matches flags by exact text, so `-debug=false` is left over rather than read
+//!   as a boolean; with its `=` support an empty `-address=` is an error and quotes in
+//!   `-id='x'` are stripped, neither of which Go does.
+//! - go-flag 0.1 is a port of Go's `flag`, but a single 2019 release that brings cfg-if 0.1 (a
+//!   second cfg-if), and like Go it stops at the first non-flag (`seccomp-profile --caps X`).
+//! - getopts 0.2 (rust-lang) in `long_only` mode handles every form, `-debug=false` included
+//!   through `optflagopt`, and rejects repeated flags unless declared `multi`; it would replace
+//!   some 40 lines here with one more package, which is the wrong way for this diet.
 
 use thiserror::Error;
 
@@ -157,6 +170,9 @@ mod tests {
         );
         assert_eq!(a, Action::Delete);
         assert!(!parse(&["-debug=false"]).unwrap().0.debug);
+        let (f, a) = parse(&["--id=a=b", "-address=", "-debug", "start"]).unwrap();
+        assert_eq!((f.id.as_str(), f.address.as_str(), f.debug), ("a=b", "", true));
+        assert_eq!(a, Action::Start);
     }
 
     #[test]

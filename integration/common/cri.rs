@@ -13,15 +13,14 @@ use std::process::Command;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, ImageSpec, ImageStatusRequest, LinuxContainerConfig,
-    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
-    PodSandboxConfig, PodSandboxMetadata, RemovePodSandboxRequest, StopPodSandboxRequest, VersionRequest,
-};
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use super::cri_api::{
+    ContainerConfig, ContainerMetadata, ImageServiceClient, ImageSpec, ImageStatusRequest, LinuxContainerConfig,
+    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, RemovePodSandboxRequest, RuntimeServiceClient, StopPodSandboxRequest,
+    VersionRequest,
+};
 use super::{env, run, text, IMAGE, SHIM};
 
 /// The CRI runtime handler (RuntimeClass `handler`) that selects gantry.
@@ -31,7 +30,7 @@ pub const PAUSE_IMAGE: &str = "docker.io/gantry/pause:latest";
 /// The containerd namespace of the CRI plugin.
 pub const CRI_NS: &str = "k8s.io";
 
-pub type Client = RuntimeServiceClient<Channel>;
+pub type Client = RuntimeServiceClient;
 
 pub struct Cri {
     /// `<env().dir>/cri`: everything of the CRI containerd.
@@ -366,7 +365,6 @@ impl Cri {
 pub fn image_spec(image: &str) -> ImageSpec {
     ImageSpec {
         image: image.to_string(),
-        ..Default::default()
     }
 }
 
@@ -376,7 +374,6 @@ fn host_network_namespaces() -> NamespaceOption {
         // As kubelet sets it without shareProcessNamespace: the container's init is its pid 1.
         pid: NamespaceMode::Container as i32,
         ipc: NamespaceMode::Pod as i32,
-        ..Default::default()
     }
 }
 
@@ -397,11 +394,8 @@ pub fn pod_config(name: &str, log_dir: &Path) -> PodSandboxConfig {
         linux: Some(LinuxPodSandboxConfig {
             security_context: Some(LinuxSandboxSecurityContext {
                 namespace_options: Some(host_network_namespaces()),
-                ..Default::default()
             }),
-            ..Default::default()
         }),
-        ..Default::default()
     }
 }
 
@@ -418,11 +412,8 @@ pub fn container_config(name: &str, command: &[&str]) -> ContainerConfig {
         linux: Some(LinuxContainerConfig {
             security_context: Some(LinuxContainerSecurityContext {
                 namespace_options: Some(host_network_namespaces()),
-                ..Default::default()
             }),
-            ..Default::default()
         }),
-        ..Default::default()
     }
 }
 

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod cri;
+pub mod cri_api;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

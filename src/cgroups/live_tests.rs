@@ -192,6 +192,69 @@ fn v1_metrics_of_a_live_process() {
     assert!(child.child.wait().unwrap().success());
 }
 
+/// libcgroups' v1 reader on a live cgroup (it cannot be pointed at a fixture: it finds the
+/// hierarchies in this process's mount table) next to gantry's: the CPU split into user and
+/// kernel time comes in cpuacct.stat's USER_HZ ticks, not the nanoseconds containerd reports.
+#[test]
+fn libcgroups_v1_cpu_split_is_in_ticks() {
+    use libcgroups::common::CgroupManager;
+
+    if !v1_host() {
+        return;
+    }
+    // Every hierarchy whose stats libcgroups reads must hold the cgroup.
+    let mounts: Vec<&str> = [MEMORY, "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct"]
+        .into_iter()
+        .chain(["/sys/fs/cgroup/pids", "/sys/fs/cgroup/blkio", "/sys/fs/cgroup/hugetlb"])
+        .filter(|m| Path::new(m).join("cgroup.procs").exists())
+        .collect();
+    let cg = TestCgroup::new(&mounts, "libcg");
+    let mut child = Gated::spawn("i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo ready; read done");
+    cg.add(child.pid());
+    child.say("go");
+    assert_eq!(child.line(), "ready\n");
+
+    // Once the child sleeps in `read`, the counters stand still while both read them.
+    let stat_path = format!("/proc/{}/stat", child.pid());
+    let sleeping = || {
+        let stat = fs::read_to_string(&stat_path).unwrap_or_default();
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('S'))
+    };
+    let end = Instant::now() + Duration::from_secs(5);
+    while !sleeping() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let found = ContainerCgroup::for_pid(child.pid() as i32).unwrap();
+    let ours = v1_metrics(found.v1_paths().unwrap()).unwrap();
+    let name = cg.dirs[0].file_name().unwrap();
+    let manager = libcgroups::v1::Manager::new(Path::new(name)).unwrap();
+    let theirs = manager.stats().unwrap();
+    let cpuacct = cg.dir("/sys/fs/cgroup/cpuacct");
+    let stat = read_keyed(&cpuacct.join("cpuacct.stat")).unwrap().unwrap();
+    let u = &ours.cpu.usage;
+    eprintln!(
+        "live v1: gantry user {} kernel {} ns; libcgroups user {} kernel {}; cpuacct.stat {stat:?}",
+        u.user, u.kernel, theirs.cpu.usage.usage_user, theirs.cpu.usage.usage_kernel
+    );
+    // Same total, in ns both.
+    assert_eq!(theirs.cpu.usage.usage_total, u.total);
+    assert!(u.total > 10_000_000, "cpu total {} ns", u.total);
+    // The split: ticks there, ns here (100 ticks a second against 1e9 ns).
+    assert_eq!(
+        (theirs.cpu.usage.usage_user, theirs.cpu.usage.usage_kernel),
+        (get(&stat, "user"), get(&stat, "system"))
+    );
+    assert!(u.user + u.kernel > 1_000_000 * (get(&stat, "user") + get(&stat, "system")));
+    // pids come from libcgroups in both.
+    assert_eq!(
+        (theirs.pids.current, theirs.pids.limit),
+        (ours.pids.current, ours.pids.limit)
+    );
+
+    child.say("done");
+    assert!(child.child.wait().unwrap().success());
+}
+
 #[tokio::test]
 async fn v1_oom_kill_is_notified() {
     if !v1_host() {

@@ -1,10 +1,32 @@
 //! A container's cgroup: where it lives, its usage as the protobuf `Metrics` that containerd and
 //! CRI-O decode from the Stats RPC, and OOM-kill notifications.
 //!
-//! The cgroup files are read directly rather than through libcgroups' `Stats`: the engines read
-//! fields libcgroups does not expose (the whole `memory.stat`, `memory.events`, PSI) and the units
-//! must be exactly containerd's (v1 CPU in nanoseconds, v2 in microseconds). libcgroups detects
-//! the host's cgroup mode.
+//! libcgroups detects the host's cgroup mode and reads v1 `pids`; the other files are read here.
+//! libcgroups 0.7 reads stats only through `CgroupManager::stats()` (its per-controller readers
+//! are private), which fails whole when any file it expects is absent, and its `Stats` lacks or
+//! changes much of what containerd's `Metrics` carry. Field by field (tests:
+//! `v2::tests::libcgroups_v2_stats_lack_what_containerd_reports` on a fixture tree,
+//! `live_tests::libcgroups_v1_cpu_split_is_in_ticks` on a live v1 cgroup):
+//!
+//! | containerd `Metrics` | libcgroups 0.7 `Stats` | here |
+//! |---|---|---|
+//! | v1 pids current, limit (`max` = 0) | same (`stats::pid_stats`) | libcgroups |
+//! | v1 cpu total, per_cpu (ns); throttling | same files | own (libcgroups: only in `stats()`) |
+//! | v1 cpu user, kernel (ns) | cpuacct.stat USER_HZ ticks | usage_user/usage_sys, ticks→ns |
+//! | v1 memory: 32 `memory.stat` fields | raw map; needs memsw, kmem and kmem.tcp | own |
+//! | v1 usage/swap/kernel/kernel_tcp entries | same, all four required | own, each optional |
+//! | v1 memory_oom_control (oom_kill) | — | own |
+//! | v1 blkio `*_recursive`, device names | non-recursive files, no names | own |
+//! | v2 cpu usage/user/system, throttling (µs) | same | own (libcgroups: only in `stats()`) |
+//! | v2 cpu nr_bursts, burst_usec | — | own |
+//! | PSI some/full avg10/60/300, total | averages only; file required | own, optional |
+//! | v2 memory.stat fields | raw map | own |
+//! | v2 usage, limit, peak, swap usage/limit/peak | same; memory.swap.* required | own |
+//! | v2 memory_events (oom_kill, ...) | `oom` alone, as fail_count | own |
+//! | v2 io rbytes/wbytes/rios/wios per device | one entry per op | own |
+//! | v2 hugetlb current, failcnt / max (limit) | same / — ; host's page sizes | own |
+//! | v2 pids limit (`max` = u64::MAX) | 0 | own |
+//! | a section whose files are absent | the whole call fails | section unset |
 
 mod oom;
 mod v1;

@@ -3,12 +3,15 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::io;
 use std::path::Path;
 
 use containerd_shim_protos::cgroups::metrics::{
     BlkIOEntry, BlkIOStat, CPUStat, CPUUsage, HugetlbStat, MemoryEntry, MemoryOomControl, MemoryStat, Metrics,
     PidsStat, Throttle,
 };
+use libcgroups::common::WrappedIoError;
+use libcgroups::stats::PidStatsError;
 use protobuf::MessageField;
 
 use super::{get, parse_dev, parse_value, read_keyed, read_opt, read_u64, CgroupError, V1Paths};
@@ -49,16 +52,34 @@ pub fn v1_metrics(paths: &V1Paths) -> Result<Metrics, CgroupError> {
     Ok(m)
 }
 
-/// pids.max `max` is reported as 0, containerd's v1 convention for "no limit".
+/// pids.current and pids.max through libcgroups, whose reading is containerd's v1 one: a
+/// `max` limit is 0, "no limit". Unset when the files are absent.
 fn pids(dir: &Path) -> Result<Option<PidsStat>, CgroupError> {
-    let Some(current) = read_u64(&dir.join("pids.current"), 0)? else {
-        return Ok(None);
+    let bad = |name: &str| {
+        let path = dir.join(name);
+        let text = fs::read_to_string(&path).unwrap_or_default().trim().to_string();
+        CgroupError::Parse { path, text }
     };
-    Ok(Some(PidsStat {
-        current,
-        limit: read_u64(&dir.join("pids.max"), 0)?.unwrap_or(0),
-        ..Default::default()
-    }))
+    match libcgroups::stats::pid_stats(dir) {
+        Ok(s) => Ok(Some(PidsStat {
+            current: s.current,
+            limit: s.limit,
+            ..Default::default()
+        })),
+        Err(PidStatsError::WrappedIo(e)) => {
+            let (WrappedIoError::Open { err, path }
+            | WrappedIoError::Read { err, path }
+            | WrappedIoError::Write { err, path, .. }
+            | WrappedIoError::CreateDir { err, path }
+            | WrappedIoError::Other { err, path }) = e;
+            match err.kind() {
+                io::ErrorKind::NotFound => Ok(None),
+                _ => Err(CgroupError::Io { path, source: err }),
+            }
+        }
+        Err(PidStatsError::ParseCurrent(_)) => Err(bad("pids.current")),
+        Err(PidStatsError::ParseLimit(_)) => Err(bad("pids.max")),
+    }
 }
 
 /// cpuacct.usage and usage_percpu are ns. User/kernel come from the ns files usage_user and
@@ -510,6 +531,10 @@ mod tests {
         fs::write(pids.join("pids.current"), "three\n").unwrap();
         let e = v1_metrics(&paths).unwrap_err();
         assert!(matches!(e, CgroupError::Parse { .. }), "{e}");
+        assert!(
+            e.to_string().contains("pids.current: unexpected content \"three\""),
+            "{e}"
+        );
         let blkio = paths.blkio.clone().unwrap();
         let e = parse_blkio(&blkio, "8:x Read 1\n", &mut HashMap::new()).unwrap_err();
         assert!(e.to_string().contains("8:x"), "{e}");

@@ -358,6 +358,97 @@ mod tests {
         );
     }
 
+    /// libcgroups' own v2 reader (its manager can be rooted at any directory) on the same tree,
+    /// against what containerd reports; the table in `cgroups/mod.rs` sums it up.
+    #[test]
+    fn libcgroups_v2_stats_lack_what_containerd_reports() {
+        use libcgroups::common::CgroupManager;
+
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("c1");
+        fixture(&dir);
+        let manager = libcgroups::v2::manager::Manager::new(root.path().to_path_buf(), "c1".into()).unwrap();
+        // libcgroups reads the files of each huge page size the host (not the cgroup) has; on a
+        // host without /sys/kernel/mm/hugepages it cannot read any cgroup's stats.
+        let sizes = libcgroups::stats::supported_page_sizes().expect("host huge page sizes");
+        for size in sizes.iter().filter(|s| *s != "2MB") {
+            let (current, max, events) = (
+                format!("hugetlb.{size}.current"),
+                format!("hugetlb.{size}.max"),
+                format!("hugetlb.{size}.events"),
+            );
+            write(&dir, &[(&current, "0\n"), (&max, "max\n"), (&events, "max 0\n")]);
+        }
+        let ours = v2_metrics(&dir).unwrap();
+
+        // A kernel booted without PSI (psi=0) has no *.pressure files: libcgroups answers
+        // nothing at all, where containerd (and gantry) leave only the PSI unset.
+        let e = manager.stats().unwrap_err();
+        assert!(e.to_string().contains("pressure"), "{e}");
+        assert!(ours.memory.psi.is_none() && ours.memory.usage == 10_485_760);
+        // Likewise when a memory.swap.* file is absent, as all are without swap accounting.
+        write(
+            &dir,
+            &[
+                ("memory.pressure", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"),
+                ("io.pressure", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"),
+            ],
+        );
+        let e = manager.stats().unwrap_err();
+        assert!(e.to_string().contains("memory.swap.events"), "{e}");
+
+        write(&dir, &[("memory.swap.events", "high 0\nmax 0\nfail 0\n")]);
+        let theirs = manager.stats().unwrap();
+        let ours = v2_metrics(&dir).unwrap();
+
+        // Where they agree (same files, same unit: µs for CPU, bytes, `max` as u64::MAX).
+        let (c, u) = (&ours.cpu, &theirs.cpu.usage);
+        assert_eq!(
+            (u.usage_total, u.usage_user, u.usage_kernel),
+            (c.usage_usec, c.user_usec, c.system_usec)
+        );
+        let t = &theirs.cpu.throttling;
+        assert_eq!(
+            (t.periods, t.throttled_periods, t.throttled_time),
+            (c.nr_periods, c.nr_throttled, c.throttled_usec)
+        );
+        let (m, mem) = (&theirs.memory.memory, &ours.memory);
+        assert_eq!(
+            (m.usage, m.limit, m.max_usage),
+            (mem.usage, mem.usage_limit, mem.max_usage)
+        );
+        let swap = &theirs.memory.memswap;
+        assert_eq!((swap.usage, swap.limit), (mem.swap_usage, mem.swap_limit));
+        // memory.stat only as the raw map: each of containerd's fields is a lookup away.
+        assert_eq!(theirs.memory.stats["anon"], mem.anon);
+        assert_eq!(theirs.cpu.psi.some.avg10, c.psi.some.avg10);
+        // io.stat split into one entry per op; containerd's IOEntry holds them together.
+        let read = theirs
+            .blkio
+            .service_bytes
+            .iter()
+            .find(|e| (e.major, e.minor, e.op_type.as_deref()) == (8, 0, Some("read")))
+            .unwrap();
+        assert_eq!(read.value, ours.io.usage[0].rbytes);
+        let huge = ours.hugetlb.iter().find(|h| h.pagesize == "2MB").unwrap();
+        assert_eq!(theirs.hugetlb["2MB"].usage, huge.current);
+        assert_eq!(theirs.hugetlb["2MB"].fail_count, huge.failcnt);
+
+        // Where they differ.
+        // pids.max `max`: containerd's v2 reports u64::MAX, libcgroups 0 (the v1 convention).
+        assert_eq!((theirs.pids.limit, ours.pids.limit), (0, u64::MAX));
+        // memory.events: libcgroups keeps only `oom`, as the memory fail count; the OOM-kill
+        // counter (and low, high, max, oom_group_kill) is not there.
+        assert_eq!(m.fail_count, 4);
+        let ev = &ours.memory_events;
+        assert_eq!((ev.oom, ev.oom_kill, ev.oom_group_kill), (4, 5, 6));
+        // hugetlb: no limit (containerd's `max`, hugetlb.<size>.max) in libcgroups.
+        assert_eq!((theirs.hugetlb["2MB"].max_usage, huge.max), (0, u64::MAX));
+        // Fields libcgroups' types have no place for at all (so nothing to compare): PSI
+        // `total`, cpu.stat nr_bursts and burst_usec.
+        assert_eq!((c.psi.some.total, c.nr_bursts, c.burst_usec), (123_456, 1, 300));
+    }
+
     #[test]
     fn older_kernels_fields_are_used_as_is() {
         let d = tempfile::tempdir().unwrap();
