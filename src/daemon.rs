@@ -103,6 +103,7 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger, events: &EventsConfig)
         .map_err(|e| DaemonError::Listener(ttrpc::Error::Others(e.to_string())))?;
     // Only peers of the daemon's own user get a ttrpc connection, whatever the socket's mode.
     let accepted = SameUserListener::new(listener, log.clone());
+    task.set_connections(accepted.connections());
     let mut server = ttrpc::r#async::Server::new()
         .add_listener(ttrpc::r#async::transport::Listener::new(accepted))
         .register_service(services(Service(task.clone())));

@@ -291,6 +291,62 @@ async fn a_create_dropped_during_its_failure_cleanup_leaves_nothing() {
     h.create().await;
 }
 
+/// The Create handler dropped at its client's deadline while the runtime's create is held;
+/// the engine's cleanup (Delete, then Shutdown) runs out before the create ends. The finished
+/// create is rolled back, Delete answered NOT_FOUND after waiting, and the Shutdown that found
+/// the Create in flight takes effect once the daemon is empty.
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_create_is_rolled_back_and_a_waiting_shutdown_takes_effect() {
+    use containerd_shim_protos::shim_async::Task;
+    let h = harness();
+    let gate = h.fake.hold("create");
+    let svc = h.service();
+    let entered = h.fake.entered("create", 1);
+    let req = h.create_req();
+    let c = ctx();
+    let handler = svc.create(&c, req);
+    tokio::select! {
+        r = handler => panic!("create answered while the runtime was held: {r:?}"),
+        _ = async { entered.await; settle().await } => {}
+    }
+    // The engine's cleanup: a Delete that gives up waiting, a Shutdown that finds the Create.
+    let delete = containerd_shim_protos::api::DeleteRequest {
+        id: "c1".into(),
+        ..Default::default()
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), h.service().delete(&ctx(), delete))
+            .await
+            .is_err()
+    );
+    let shutdown = containerd_shim_protos::api::ShutdownRequest {
+        id: "c1".into(),
+        ..Default::default()
+    };
+    h.service().shutdown(&ctx(), shutdown).await.unwrap();
+    let exited = h.svc.shutdown.clone();
+    let notified = exited.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    h.fake.clear("create");
+    gate.add_permits(1);
+    settle().await;
+    let exited = tokio::time::timeout(Duration::from_secs(5), notified).await.is_ok();
+    assert!(
+        exited,
+        "the daemon did not exit: calls {:?}, empty {}",
+        h.fake.calls(),
+        h.svc.is_empty()
+    );
+    assert!(h.svc.is_empty());
+    assert!(
+        h.fake.calls().contains(&"delete --force c1".to_string()),
+        "{:?}",
+        h.fake.calls()
+    );
+    assert_eq!(h.leftovers(), Vec::<String>::new());
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_hung_runtime_call_times_out_and_create_undoes_itself() {
     let h = harness();

@@ -100,6 +100,32 @@ fn parent_of(pid: i32) -> Option<i32> {
 struct Gauge {
     live: AtomicUsize,
     peak: AtomicUsize,
+    /// Woken whenever a connection ends.
+    closed: tokio::sync::Notify,
+}
+
+/// The daemon's live connections, as the service sees them: whether any engine is still
+/// connected.
+#[derive(Debug, Clone, Default)]
+pub struct Connections(Arc<Gauge>);
+
+impl Connections {
+    pub fn live(&self) -> usize {
+        self.0.live.load(Ordering::SeqCst)
+    }
+
+    /// Returns once no connection is open.
+    pub async fn none(&self) {
+        loop {
+            let closed = self.0.closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if self.live() == 0 {
+                return;
+            }
+            closed.await;
+        }
+    }
 }
 
 impl Gauge {
@@ -115,6 +141,7 @@ impl Gauge {
 
     fn close(&self) {
         let live = self.live.fetch_sub(1, Ordering::SeqCst).saturating_sub(1);
+        self.closed.notify_waiters();
         let peak = self.peak.load(Ordering::SeqCst);
         if peak >= TRIM_AFTER && live <= peak / 2 {
             self.peak.store(live, Ordering::SeqCst);
@@ -148,6 +175,11 @@ impl SameUserListener {
     /// Live connections (for tests and metrics).
     pub fn live(&self) -> usize {
         self.gauge.live.load(Ordering::SeqCst)
+    }
+
+    /// A handle on the live connections that outlives the listener's move into the server.
+    pub fn connections(&self) -> Connections {
+        Connections(self.gauge.clone())
     }
 }
 

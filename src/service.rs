@@ -86,6 +86,8 @@ pub struct TaskService {
     /// A Shutdown came while only Creates were in flight: the daemon exits when they end
     /// leaving nothing (an engine's cleanup after a Create that missed its deadline).
     shutdown_pending: AtomicBool,
+    /// The daemon's live connections (unset in unit tests).
+    connections: std::sync::OnceLock<crate::peer::Connections>,
 }
 
 type TResult<T> = ttrpc::Result<T>;
@@ -104,7 +106,13 @@ impl TaskService {
             log,
             shutdown: Arc::new(Notify::new()),
             shutdown_pending: AtomicBool::new(false),
+            connections: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Lets the service see whether any engine is still connected.
+    pub fn set_connections(&self, c: crate::peer::Connections) {
+        let _ = self.connections.set(c);
     }
 
     /// Writes lifecycle events into the event log as well.
@@ -306,7 +314,7 @@ impl TaskService {
     /// dropped) is rolled back as the Go shim's cancelled `runc create` is, since the engine
     /// believes it failed and its own cleanup may already have come and gone; then a Shutdown
     /// that came while it ran takes effect if nothing is left.
-    async fn after_create(&self, id: &str, created: bool, abandoned: &AtomicBool) {
+    async fn after_create(self: &Arc<Self>, id: &str, created: bool, abandoned: &AtomicBool) {
         // Taken out of the map before the first await: a Delete that waited on this Create
         // finds nothing (NOT_FOUND) rather than deleting it a second time.
         let rollback = created && abandoned.load(Ordering::SeqCst);
@@ -328,11 +336,25 @@ impl TaskService {
             }
         }
         drop(rolling);
-        // containerd's cleanup of a Create past its deadline sends Shutdown while the Create
-        // still runs, then closes the connection: that Shutdown takes effect now.
+        // containerd's cleanup of a Create past its deadline may send Shutdown while the
+        // Create still runs: that Shutdown takes effect now.
         if self.is_empty() && self.shutdown_pending.swap(false, Ordering::SeqCst) {
             info!(self.log, "shutdown"; "id" => id, "exiting" => true, "after" => "create");
             self.shutdown.notify_one();
+            return;
+        }
+        // Or its Shutdown fails on the expired deadline and it only disconnects: once no
+        // engine is connected to a daemon left empty by the rollback, nobody will ask again.
+        if let (true, Some(conns)) = (abandoned.load(Ordering::SeqCst), self.connections.get().cloned()) {
+            let svc = self.clone();
+            let id = id.to_string();
+            tokio::spawn(async move {
+                conns.none().await;
+                if svc.is_empty() {
+                    info!(svc.log, "shutdown"; "id" => id, "exiting" => true, "after" => "abandoned create, no client left");
+                    svc.shutdown.notify_one();
+                }
+            });
         }
     }
 
