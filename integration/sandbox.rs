@@ -356,6 +356,11 @@ async fn fast_path_sandbox_lifecycle_and_pod_members() {
     let pause = pause_bundle(&ns, "pl1", &rootfs, &pinned, |_| {});
     let (client, pid) = start_pause(&ns, &pause).await;
     assert_eq!(started_by(&ns, "pl1"), "fast path");
+    // The hostname is set in the pinned UTS namespace it joined, as runc sets it.
+    let o = run(Command::new("nsenter")
+        .arg(format!("--uts={}", pinned.files[2].display()))
+        .arg("hostname"));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "sandbox-host\n", "{}", text(&o));
     let state = client
         .state(
             ctx(),
@@ -535,6 +540,26 @@ async fn unhandled_specs_fall_back_and_failures_leave_nothing() {
     assert!(message(&e).contains("/no/pause"), "{}", message(&e));
     assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory/{}/pm1", ns.name)).exists());
     crate::common::shutdown(&client, "pm1").await;
+
+    // A sysctl outside the container's namespaces would reach the host's kernel: the fast
+    // path leaves it to runc, which refuses it.
+    let before = std::fs::read_to_string("/proc/sys/kernel/panic").unwrap();
+    let host_sysctl = pause_bundle(&ns, "ps1", &rootfs, &pinned, |spec| {
+        let other = if std::fs::read_to_string("/proc/sys/kernel/panic").unwrap().trim() == "7" {
+            "8"
+        } else {
+            "7"
+        };
+        spec["linux"]["sysctl"] = serde_json::json!({"kernel.panic": other});
+    });
+    let o = crio_start(&ns, &host_sysctl.dir, "ps1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&host_sysctl.stdout);
+    let e = client.create(ctx(), &crio_create_req(&host_sysctl)).await.unwrap_err();
+    assert!(message(&e).contains("kernel.panic"), "{}", message(&e));
+    assert_eq!(std::fs::read_to_string("/proc/sys/kernel/panic").unwrap(), before);
+    crate::common::shutdown(&client, "ps1").await;
     drop(pinned);
     assert_clean(env, &ns);
 }

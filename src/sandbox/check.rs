@@ -109,6 +109,20 @@ fn unknown_keys(obj: Option<&Value>, known: &[&str], at: &str) -> Result<(), Fal
 /// `Ok` when the fast path applies everything `doc` asks for; else why not. `v2` and
 /// `systemd` describe the host's cgroups and the configured driver.
 pub fn check(doc: &Value, v2: bool, systemd: bool) -> Result<(), Fallback> {
+    check_with(doc, v2, systemd, is_host_netns)
+}
+
+/// Whether the namespace file at `path` is this process's (the host's) network namespace.
+fn is_host_netns(path: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), std::fs::metadata("/proc/self/ns/net")) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// [`check`] with the host-network-namespace test given (unit tests fake it).
+pub fn check_with(doc: &Value, v2: bool, systemd: bool, host_netns: impl Fn(&str) -> bool) -> Result<(), Fallback> {
     if v2 {
         return fallback("cgroup v2 (runc installs an eBPF device filter there)");
     }
@@ -139,6 +153,7 @@ pub fn check(doc: &Value, v2: bool, systemd: bool) -> Result<(), Fallback> {
         return fallback(format!("cgroupsPath {cgroups_path:?} is not an absolute cgroupfs path"));
     }
     check_namespaces(doc)?;
+    check_names_and_sysctls(doc, &host_netns)?;
     check_mounts(doc)?;
     check_capabilities(doc)?;
     check_seccomp(doc)
@@ -162,6 +177,53 @@ fn check_namespaces(doc: &Value) -> Result<(), Fallback> {
     }
     if !mount {
         return fallback("no new mount namespace");
+    }
+    Ok(())
+}
+
+/// The path of the `kind` namespace entry: `Some("")` when it is new, `None` when absent.
+fn namespace<'a>(doc: &'a Value, kind: &str) -> Option<&'a str> {
+    let list = doc.pointer("/linux/namespaces").and_then(Value::as_array)?;
+    let ns = list
+        .iter()
+        .find(|n| n.get("type").and_then(Value::as_str) == Some(kind))?;
+    Some(ns.get("path").and_then(Value::as_str).unwrap_or(""))
+}
+
+/// IPC sysctls runc allows in a container with its own IPC namespace.
+const IPC_SYSCTLS: &[&str] = &[
+    "kernel.msgmax",
+    "kernel.msgmnb",
+    "kernel.msgmni",
+    "kernel.sem",
+    "kernel.shmall",
+    "kernel.shmmax",
+    "kernel.shmmni",
+    "kernel.shm_rmid_forced",
+];
+
+/// What runc's validator refuses about hostname, domainname and sysctls goes to runc, which
+/// refuses it with its own message: a sysctl outside the container's namespaces would
+/// otherwise be written to the host's kernel.
+fn check_names_and_sysctls(doc: &Value, host_netns: &impl Fn(&str) -> bool) -> Result<(), Fallback> {
+    let uts = namespace(doc, "uts").is_some();
+    for key in ["hostname", "domainname"] {
+        if !uts && doc.get(key).and_then(Value::as_str).is_some_and(|h| !h.is_empty()) {
+            return fallback(format!("{key} without a UTS namespace"));
+        }
+    }
+    let sysctls = doc.pointer("/linux/sysctl").and_then(Value::as_object);
+    for key in sysctls.into_iter().flat_map(|m| m.keys()) {
+        let allowed = if IPC_SYSCTLS.contains(&key.as_str()) || key.starts_with("fs.mqueue.") {
+            namespace(doc, "ipc").is_some()
+        } else if key.starts_with("net.") {
+            namespace(doc, "network").is_some_and(|p| p.is_empty() || !host_netns(p))
+        } else {
+            uts && key == "kernel.domainname"
+        };
+        if !allowed {
+            return fallback(format!("sysctl {key:?} is not in a namespace of the container's own"));
+        }
     }
     Ok(())
 }

@@ -203,3 +203,58 @@ fn empty_values_of_unhandled_fields_are_no_reason() {
     doc["process"]["terminal"] = json!(false);
     assert_eq!(check(&doc, false, false), Ok(()));
 }
+
+#[test]
+fn sysctls_and_names_outside_the_containers_namespaces_go_to_runc() {
+    let host = |p: &str| p == "/proc/1/ns/net";
+    let with = |edit: fn(&mut Value)| {
+        let mut doc = pause_spec();
+        edit(&mut doc);
+        check_with(&doc, false, false, host)
+    };
+    assert_eq!(
+        with(
+            |d| d["linux"]["sysctl"] = json!({"net.ipv4.ip_forward": "1", "kernel.shm_rmid_forced": "1", "fs.mqueue.msg_max": "20", "kernel.domainname": "x"})
+        ),
+        Ok(())
+    );
+    for (edit, want) in [
+        (
+            (|d| d["linux"]["sysctl"] = json!({"kernel.panic": "1"})) as fn(&mut Value),
+            "kernel.panic",
+        ),
+        (
+            |d| d["linux"]["sysctl"] = json!({"kernel.hostname": "x"}),
+            "kernel.hostname",
+        ),
+        (
+            |d| {
+                d["linux"]["sysctl"] = json!({"net.ipv4.ip_forward": "1"});
+                d["linux"]["namespaces"][1]["path"] = json!("/proc/1/ns/net");
+            },
+            "net.ipv4.ip_forward",
+        ),
+        (
+            |d| {
+                d["linux"]["sysctl"] = json!({"kernel.sem": "1 2 3 4"});
+                d["linux"]["namespaces"]
+                    .as_array_mut()
+                    .unwrap()
+                    .retain(|n| n["type"] != "ipc");
+            },
+            "kernel.sem",
+        ),
+        (
+            |d| {
+                d["linux"]["namespaces"]
+                    .as_array_mut()
+                    .unwrap()
+                    .retain(|n| n["type"] != "uts")
+            },
+            "hostname without a UTS",
+        ),
+    ] {
+        let why = with(edit).unwrap_err().0;
+        assert!(why.contains(want), "{want:?} not in {why:?}");
+    }
+}

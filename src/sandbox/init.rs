@@ -147,14 +147,13 @@ fn enter_namespaces(spec: &Spec) -> Result<(), InitError> {
     unshare(new).map_err(|e| fail(format!("unshare {new:?}: {e}")))
 }
 
-fn new_namespace(spec: &Spec, kind: LinuxNamespaceType) -> bool {
+fn has_namespace(spec: &Spec, kind: LinuxNamespaceType) -> bool {
     let list = spec
         .linux()
         .as_ref()
         .and_then(|l| l.namespaces().clone())
         .unwrap_or_default();
-    list.iter()
-        .any(|n| n.typ() == kind && n.path().as_ref().is_none_or(|p| p.as_os_str().is_empty()))
+    list.iter().any(|n| n.typ() == kind)
 }
 
 /// The forked child: everything inside the namespaces, then the wait for Start and the exec.
@@ -166,7 +165,8 @@ fn container(l: &Loaded, sync: &mut File, start: OwnedFd) -> Result<(), InitErro
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     creds::rlimits(&process)?;
     rootfs::prepare(spec, &l.rootfs)?;
-    if new_namespace(spec, LinuxNamespaceType::Uts) {
+    // In a UTS namespace of its own, new or joined (CRI-O pins one), as runc sets them.
+    if has_namespace(spec, LinuxNamespaceType::Uts) {
         if let Some(h) = spec.hostname().as_deref().filter(|h| !h.is_empty()) {
             nix::unistd::sethostname(h).map_err(|e| fail(format!("sethostname {h}: {e}")))?;
         }
