@@ -114,9 +114,12 @@ fn concurrent_writers_rotating_lose_no_line() {
         );
     }
     assert_eq!(seen.len(), writers * per_writer);
+    // About 1 MiB through an 8 KiB log: ~120 rotations uncontended; writers finding the lock
+    // busy skip theirs (nobody waits), so under load far fewer happen. Ten show it rotated
+    // again and again while lines kept arriving.
     let files = std::fs::read_dir(dir.path()).unwrap().count();
     assert!(
-        rotated(&path, 40).exists(),
+        rotated(&path, 10).exists(),
         "the flood did not rotate much: {files} files"
     );
 }
