@@ -327,14 +327,7 @@ impl TaskService {
         if let Some(c) = taken {
             warn!(self.log, "create finished after its client gave up: rolled back"; "id" => id);
             match c.delete().await {
-                Ok(exit) => self.publisher.publish(Event::Delete(TaskDelete {
-                    container_id: c.id.clone(),
-                    pid: exit.pid as u32,
-                    exit_status: exit.status,
-                    exited_at: ts_field(Some(exit.at)),
-                    id: c.id.clone(),
-                    ..Default::default()
-                })),
+                Ok(exit) => self.publisher.publish(delete_event(&c.id, &exit)),
                 Err(e) => warn!(self.log, "rolling back an abandoned create"; "id" => id, "error" => %e),
             }
         }
@@ -372,14 +365,7 @@ impl TaskService {
             drop(c.init.start_lock.lock().await);
             let exit = c.delete().await?;
             self.containers().remove(&req.id);
-            self.publisher.publish(Event::Delete(TaskDelete {
-                container_id: c.id.clone(),
-                pid: exit.pid as u32,
-                exit_status: exit.status,
-                exited_at: ts_field(Some(exit.at)),
-                id: c.id.clone(),
-                ..Default::default()
-            }));
+            self.publisher.publish(delete_event(&c.id, &exit));
             exit
         } else {
             c.delete_exec(&req.exec_id).await?
@@ -478,6 +464,18 @@ impl TaskService {
         }));
         Ok(Empty::new())
     }
+}
+
+/// TaskDelete for a container's init.
+fn delete_event(id: &str, exit: &ExitInfo) -> Event {
+    Event::Delete(TaskDelete {
+        container_id: id.to_string(),
+        pid: exit.pid as u32,
+        exit_status: exit.status,
+        exited_at: ts_field(Some(exit.at)),
+        id: id.to_string(),
+        ..Default::default()
+    })
 }
 
 fn publish_ooms(publisher: &Publisher, c: &Container) {
