@@ -199,7 +199,36 @@ fn observe(pid: u32, id: &str) -> BTreeMap<String, String> {
 
 /// Starts one pause container CRI-O-style (start, Create, Start); returns the client and pid.
 async fn start_pause(ns: &Ns, b: &CrioBundle) -> (containerd_shim_protos::shim_async::TaskClient, u32) {
-    let o = crio_start(ns, &b.dir, &b.id, b"");
+    run_pause(crio_start(ns, &b.dir, &b.id, b""), b).await
+}
+
+/// `start` as CRI-O runs it, in a mount namespace of its own where /sys/fs/cgroup is the
+/// cgroup2 hierarchy: the daemon it leaves, and the runc it runs, see a cgroup v2 host.
+fn v2_start(ns: &Ns, b: &CrioBundle) -> std::process::Output {
+    let cmd = crate::common::crio_start_cmd(ns, &b.dir, &b.id);
+    let mut w = Command::new("unshare");
+    w.args([
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount -t cgroup2 none /sys/fs/cgroup && exec \"$@\"",
+        "sh",
+    ])
+    .arg(cmd.get_program())
+    .args(cmd.get_args())
+    .current_dir(&b.dir)
+    .stdin(std::process::Stdio::null());
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            w.env(k, v);
+        }
+    }
+    run(&mut w)
+}
+
+async fn run_pause(o: std::process::Output, b: &CrioBundle) -> (containerd_shim_protos::shim_async::TaskClient, u32) {
     assert!(o.status.success(), "{}", text(&o));
     let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
     let _out = open_fifo_reader(&b.stdout);
@@ -593,4 +622,80 @@ async fn delete_after_a_dead_daemon_cleans_a_fast_path_sandbox() {
     assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory/{}/po1", ns.name)).exists());
     drop(pinned);
     assert_clean(env, &ns);
+}
+
+/// Opens devices from inside the container's cgroup (where its device filter applies) and
+/// namespaces: /dev/null (runc allows it) and a /dev/kmsg node made there (1:11, not allowed;
+/// mknod itself is, `c *:* m`).
+fn device_access(pid: u32, v2_cgroup: &Path) -> String {
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec nsenter -t {pid} -m -p sh -c \
+         'head -c 1 /dev/null && echo null-ok || echo null-denied; \
+          mknod /dev/kmsg-probe c 1 11 && echo mknod-ok || echo mknod-denied; \
+          head -c 1 /dev/kmsg-probe >/dev/null 2>&1 && echo kmsg-ok || echo kmsg-denied; rm -f /dev/kmsg-probe'",
+        v2_cgroup.display()
+    );
+    text(&run(Command::new("sh").args(["-c", &script])))
+}
+
+/// cgroup v2: the same pause spec through the fast path and through runc, each daemon in a
+/// mount namespace whose /sys/fs/cgroup is the cgroup2 hierarchy (this host is hybrid and its
+/// controllers belong to v1, so the spec keeps only device rules): the same cgroup, the same
+/// process state, and a device filter that lets /dev/null through and refuses /dev/zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_path_on_cgroup_v2_matches_runc() {
+    let env = env();
+    let unified = Path::new("/sys/fs/cgroup/unified");
+    if !unified.join("cgroup.procs").exists() {
+        panic!("this test needs the unified cgroup2 hierarchy at {}", unified.display());
+    }
+    let fast_ns = env.namespace("sbx2-fast");
+    let runc_ns = env.namespace_with("sbx2-runc", "[runtime]\nsandbox_fast_path = false\n");
+    let rootfs = pause_rootfs();
+    let pinned = Pinned::new(&fast_ns.dir);
+    let v2_only = |spec: &mut serde_json::Value| {
+        spec["linux"]["resources"] = serde_json::json!({"devices": [{"allow": false, "access": "rwm"}]});
+    };
+    let fast = pause_bundle(&fast_ns, "pf2", &rootfs, &pinned, v2_only);
+    let slow = pause_bundle(&runc_ns, "pr2", &rootfs, &pinned, v2_only);
+    let (fast_client, fast_pid) = run_pause(v2_start(&fast_ns, &fast), &fast).await;
+    let (runc_client, runc_pid) = run_pause(v2_start(&runc_ns, &slow), &slow).await;
+    assert_eq!(started_by(&fast_ns, "pf2"), "fast path");
+    assert_eq!(started_by(&runc_ns, "pr2"), "runc");
+
+    let seen = |pid, id: &str, ns: &Ns| -> BTreeMap<String, String> {
+        let mut m = observe(pid, id);
+        m.insert("devices".into(), device_access(pid, &unified.join(&ns.name).join(id)));
+        m.into_iter().map(|(k, v)| (k, v.replace(&ns.name, "NS"))).collect()
+    };
+    let (a, b) = (seen(fast_pid, "pf2", &fast_ns), seen(runc_pid, "pr2", &runc_ns));
+    let differences: Vec<String> = a
+        .keys()
+        .chain(b.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| format!("{k}:\n  fast path: {:?}\n  runc:      {:?}", a.get(k), b.get(k)))
+        .collect();
+    assert!(differences.is_empty(), "differences:\n{}", differences.join("\n"));
+    assert!(a["cgroup"].contains("0::/NS/ID\n"), "{}", a["cgroup"]);
+    for want in ["null-ok", "mknod-ok", "kmsg-denied"] {
+        assert!(a["devices"].contains(want), "{want}: {}", a["devices"]);
+    }
+
+    for (client, id) in [(fast_client, "pf2"), (runc_client, "pr2")] {
+        crate::common::crio_kill_and_remove(&client, id).await;
+    }
+    for (ns, id) in [(&fast_ns, "pf2"), (&runc_ns, "pr2")] {
+        let dir = unified.join(&ns.name);
+        assert!(
+            wait_until(Duration::from_secs(5), || !dir.join(id).exists()),
+            "{} stayed",
+            dir.join(id).display()
+        );
+        let _ = std::fs::remove_dir(&dir);
+    }
+    drop(pinned);
+    assert_clean(env, &fast_ns);
+    assert_clean(env, &runc_ns);
 }

@@ -28,6 +28,68 @@ fn manager(path: &Path) -> Result<Manager, CgroupError> {
     Manager::new(path).map_err(|e| err(path, e))
 }
 
+/// Where a unified (v2) host mounts its cgroups.
+const V2_ROOT: &str = "/sys/fs/cgroup";
+
+/// True on a cgroup v2 (unified) host.
+pub fn host_is_v2() -> bool {
+    matches!(
+        libcgroups::common::get_cgroup_setup(),
+        Ok(libcgroups::common::CgroupSetup::Unified)
+    )
+}
+
+fn v2_dir(path: &Path) -> PathBuf {
+    Path::new(V2_ROOT).join(relative(path))
+}
+
+/// A manager call run by the libcgroups manager of this host's mode.
+type Runner = Box<dyn Fn(Op<'_>) -> Result<Vec<Pid>, String>>;
+
+/// The libcgroups manager for this host's mode, its errors as this module's.
+struct Any(Runner, PathBuf);
+
+/// One manager call.
+enum Op<'a> {
+    AddTask(Pid),
+    Apply(&'a ControllerOpt<'a>),
+    Remove,
+    Freeze(FreezerState),
+    Pids,
+}
+
+fn call<M: CgroupManager>(m: &M, op: Op<'_>) -> Result<Vec<Pid>, String>
+where
+    M::Error: std::fmt::Display,
+{
+    let done = |r: Result<(), M::Error>| r.map(|()| Vec::new()).map_err(|e| e.to_string());
+    match op {
+        Op::AddTask(pid) => done(m.add_task(pid)),
+        Op::Apply(o) => done(m.apply(o)),
+        Op::Remove => done(m.remove()),
+        Op::Freeze(s) => done(m.freeze(s)),
+        Op::Pids => m.get_all_pids().map_err(|e| e.to_string()),
+    }
+}
+
+impl Any {
+    fn for_host(path: &Path) -> Result<Any, CgroupError> {
+        let run: Runner = if host_is_v2() {
+            let m =
+                libcgroups::v2::manager::Manager::new(V2_ROOT.into(), path.to_path_buf()).map_err(|e| err(path, e))?;
+            Box::new(move |op| call(&m, op))
+        } else {
+            let m = manager(path)?;
+            Box::new(move |op| call(&m, op))
+        };
+        Ok(Any(run, path.to_path_buf()))
+    }
+
+    fn run(&self, op: Op<'_>) -> Result<Vec<Pid>, CgroupError> {
+        (self.0)(op).map_err(|e| err(&self.1, e))
+    }
+}
+
 /// runc's always-allowed device rules, appended after the spec's (specconv's AllowedDevices).
 fn default_rules() -> Vec<LinuxDeviceCgroup> {
     let rule = |typ, major: Option<i64>, minor: Option<i64>, access: &str| {
@@ -119,6 +181,9 @@ fn cgroup2_mounts() -> Vec<PathBuf> {
 
 /// Whether the cgroup exists in any v1 hierarchy.
 pub fn exists(path: &Path) -> bool {
+    if host_is_v2() {
+        return v2_dir(path).is_dir();
+    }
     hierarchies(|_| true).iter().any(|m| m.join(relative(path)).is_dir())
 }
 
@@ -129,8 +194,8 @@ fn relative(path: &Path) -> &Path {
 /// Puts `pid` into `path` in every hierarchy and applies `resources`: devices as runc's
 /// emulator writes them, the rest through libcgroups.
 pub fn join(path: &Path, resources: &LinuxResources, pid: i32) -> Result<(), CgroupError> {
-    let m = manager(path)?;
-    m.add_task(Pid::from_raw(pid)).map_err(|e| err(path, e))?;
+    let m = Any::for_host(path)?;
+    m.run(Op::AddTask(Pid::from_raw(pid)))?;
     let mut rest = resources.clone();
     let rules = rest.devices().clone().unwrap_or_default();
     rest.set_devices(None);
@@ -144,7 +209,14 @@ pub fn join(path: &Path, resources: &LinuxResources, pid: i32) -> Result<(), Cgr
         oom_score_adj: None,
         freezer_state: None,
     };
-    m.apply(&opt).map_err(|e| err(path, e))?;
+    m.run(Op::Apply(&opt))?;
+    if host_is_v2() {
+        // No devices files on v2: the same rules as an eBPF program, as runc attaches one.
+        let (allow_all, exceptions) = fold_devices(&rules);
+        let program = super::devfilter::program(allow_all, &exceptions).map_err(|e| err(path, e))?;
+        let dir = v2_dir(path);
+        return super::devfilter::attach(&dir, &program).map_err(|e| err(&dir, format!("device filter: {e}")));
+    }
     if !rules.is_empty() {
         write_devices(path, &rules)?;
     }
@@ -222,7 +294,7 @@ pub fn update(path: &Path, resources: &LinuxResources) -> Result<(), CgroupError
         oom_score_adj: None,
         freezer_state: None,
     };
-    manager(path)?.apply(&opt).map_err(|e| err(path, e))
+    Any::for_host(path)?.run(Op::Apply(&opt)).map(drop)
 }
 
 pub fn freeze(path: &Path, frozen: bool) -> Result<(), CgroupError> {
@@ -231,16 +303,25 @@ pub fn freeze(path: &Path, frozen: bool) -> Result<(), CgroupError> {
     } else {
         FreezerState::Thawed
     };
-    manager(path)?.freeze(state).map_err(|e| err(path, e))
+    Any::for_host(path)?.run(Op::Freeze(state)).map(drop)
 }
 
 pub fn pids(path: &Path) -> Result<Vec<i32>, CgroupError> {
-    let pids = manager(path)?.get_all_pids().map_err(|e| err(path, e))?;
+    let pids = Any::for_host(path)?.run(Op::Pids)?;
     Ok(pids.into_iter().map(Pid::as_raw).collect())
 }
 
 /// Kills what is left in it and removes it from every hierarchy.
 pub fn remove(path: &Path) -> Result<(), CgroupError> {
+    if host_is_v2() {
+        if !v2_dir(path).exists() {
+            return Ok(());
+        }
+        for pid in pids(path).unwrap_or_default() {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        }
+        return Any::for_host(path)?.run(Op::Remove).map(drop);
+    }
     manager(path)?.remove().map_err(|e| err(path, e))?;
     for mount in extra_hierarchies() {
         let dir = mount.join(relative(path));

@@ -106,10 +106,10 @@ fn unknown_keys(obj: Option<&Value>, known: &[&str], at: &str) -> Result<(), Fal
     }
 }
 
-/// `Ok` when the fast path applies everything `doc` asks for; else why not. `v2` and
-/// `systemd` describe the host's cgroups and the configured driver.
-pub fn check(doc: &Value, v2: bool, systemd: bool) -> Result<(), Fallback> {
-    check_with(doc, v2, systemd, is_host_netns)
+/// `Ok` when the fast path applies everything `doc` asks for; else why not. `systemd` is the
+/// configured cgroup driver.
+pub fn check(doc: &Value, systemd: bool) -> Result<(), Fallback> {
+    check_with(doc, systemd, is_host_netns)
 }
 
 /// Whether the namespace file at `path` is this process's (the host's) network namespace.
@@ -122,10 +122,7 @@ fn is_host_netns(path: &str) -> bool {
 }
 
 /// [`check`] with the host-network-namespace test given (unit tests fake it).
-pub fn check_with(doc: &Value, v2: bool, systemd: bool, host_netns: impl Fn(&str) -> bool) -> Result<(), Fallback> {
-    if v2 {
-        return fallback("cgroup v2 (runc installs an eBPF device filter there)");
-    }
+pub fn check_with(doc: &Value, systemd: bool, host_netns: impl Fn(&str) -> bool) -> Result<(), Fallback> {
     if systemd {
         return fallback("the systemd cgroup driver");
     }

@@ -8,21 +8,22 @@
 //! waits for Start to exec the program.
 //!
 //! Handled: namespaces (joined by path, as CRI-O's `pinns` leaves them, or new), the cgroup
-//! (cgroup v1, cgroupfs driver, absolute `cgroupsPath`, resources through libcgroups, every
-//! mounted hierarchy joined as runc joins them), `oomScoreAdj`, rlimits, hostname and
+//! (cgroupfs driver, absolute `cgroupsPath`, resources through libcgroups; on v1 every mounted
+//! hierarchy joined as runc joins them, on v2 runc's device rules as an eBPF filter), `oomScoreAdj`, rlimits, hostname and
 //! domainname, sysctls, the rootfs (pivoted into, read-only where asked, propagation) and its
 //! `bind`/`proc`/`sysfs`/`tmpfs`/`devpts`/`mqueue` mounts, runc's default device nodes and
 //! `linux.devices`, masked and read-only paths, user, groups and umask, the five capability
 //! sets, `noNewPrivileges` and seccomp (libseccomp).
 //!
-//! Anything else goes to the OCI runtime, and the reason is logged ([`check`] names it): cgroup
-//! v2 (runc installs an eBPF device filter there), the systemd cgroup driver, user namespaces,
+//! Anything else goes to the OCI runtime, and the reason is logged ([`check`] names it): the
+//! systemd cgroup driver, user namespaces,
 //! hooks, a terminal, AppArmor and SELinux labels, `cgroup` mounts, seccomp notification, and
 //! any field of `process` or `linux` this module does not know.
 
 mod cgroup;
 pub mod check;
 mod creds;
+mod devfilter;
 pub mod init;
 mod rootfs;
 pub mod runtime;
@@ -69,11 +70,10 @@ pub fn choose(
         return Err(Fallback("the spec holds values gantry does not model".into()));
     }
     let identity = oci.identity();
-    let v2 = matches!(
-        libcgroups::common::get_cgroup_setup(),
-        Ok(libcgroups::common::CgroupSetup::Unified) | Err(_)
-    );
-    check(&doc, v2, identity.systemd_cgroup)?;
+    if libcgroups::common::get_cgroup_setup().is_err() {
+        return Err(Fallback("the host's cgroup mode is unknown".into()));
+    }
+    check(&doc, identity.systemd_cgroup)?;
     let cgroup = doc
         .pointer("/linux/cgroupsPath")
         .and_then(serde_json::Value::as_str)
