@@ -85,19 +85,16 @@ fn run(args: &[String], sync: &mut File) -> Result<(), InitError> {
         std::fs::write("/proc/self/oom_score_adj", adj.to_string())
             .map_err(|e| fail(format!("set oomScoreAdj {adj}: {e}")))?;
     }
+    // The pid file is opened before the fork: the child pivots into the rootfs in the mount
+    // namespace this process shares with it, which moves this process's root too.
+    let pid_out = PidFile::open(Path::new(pid_file))?;
     enter_namespaces(&l.spec)?;
     // SAFETY: this process is single-threaded (a fresh exec that started no threads).
     match unsafe { fork() }.map_err(|e| fail(format!("fork: {e}")))? {
-        ForkResult::Parent { child } => {
-            let tmp = format!("{pid_file}.tmp");
-            std::fs::write(&tmp, child.as_raw().to_string())
-                .and_then(|()| std::fs::rename(&tmp, pid_file))
-                .map_err(|e| {
-                    let _ = nix::sys::signal::kill(child, nix::sys::signal::SIGKILL);
-                    fail(format!("write {pid_file}: {e}"))
-                })?;
-            Ok(())
-        }
+        ForkResult::Parent { child } => pid_out.write(child.as_raw()).map_err(|e| {
+            let _ = nix::sys::signal::kill(child, nix::sys::signal::SIGKILL);
+            fail(format!("write {pid_file}: {e}"))
+        }),
         ForkResult::Child => {
             let result = container(&l, sync, start);
             if let Err(InitError(why)) = result {
@@ -105,6 +102,53 @@ fn run(args: &[String], sync: &mut File) -> Result<(), InitError> {
             }
             std::process::exit(1)
         }
+    }
+}
+
+/// The pid file, written through descriptors opened before the fork (its directory, and a
+/// temporary file there renamed over it), whatever the process's root is by then.
+struct PidFile {
+    dir: OwnedFd,
+    name: PathBuf,
+    tmp: PathBuf,
+    file: File,
+}
+
+impl PidFile {
+    fn open(path: &Path) -> Result<PidFile, InitError> {
+        use nix::fcntl::{open, openat, OFlag};
+        use nix::sys::stat::Mode;
+        let what = |e: nix::Error| fail(format!("pid file {}: {e}", path.display()));
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = PathBuf::from(
+            path.file_name()
+                .ok_or_else(|| fail(format!("pid file {}", path.display())))?,
+        );
+        let mut tmp = name.clone().into_os_string();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let dir = open(
+            parent,
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(what)?;
+        // SAFETY: `open` just returned this descriptor.
+        let dir = unsafe { OwnedFd::from_raw_fd(dir) };
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let raw = openat(Some(dir.as_raw_fd()), &tmp, flags, Mode::from_bits_truncate(0o644)).map_err(what)?;
+        // SAFETY: `openat` just returned this descriptor.
+        let file = unsafe { File::from_raw_fd(raw) };
+        Ok(PidFile { dir, name, tmp, file })
+    }
+
+    fn write(mut self, pid: i32) -> std::io::Result<()> {
+        self.file.write_all(pid.to_string().as_bytes())?;
+        let dir = Some(self.dir.as_raw_fd());
+        nix::fcntl::renameat(dir, &self.tmp, dir, &self.name).map_err(std::io::Error::from)
     }
 }
 

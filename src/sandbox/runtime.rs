@@ -204,6 +204,10 @@ impl Runtime for FastSandbox {
 
     async fn create(&self, _id: &str, _bundle: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError> {
         let result = self.spawn_init(spawn.pid_file, spawn.stdio).await;
+        // The init's temporary pid file, left only when it failed before renaming it.
+        let mut tmp = spawn.pid_file.as_os_str().to_owned();
+        tmp.push(".tmp");
+        crate::files::remove_entry(Path::new(&tmp));
         if let Ok(pid) = std::fs::read_to_string(spawn.pid_file).map(|s| s.trim().parse::<i32>()) {
             *self.pid.lock().unwrap_or_else(|p| p.into_inner()) = pid.ok();
         }
