@@ -304,6 +304,58 @@ async fn call<Req: Message, Resp: Message>(c: &Client, method: &str, req: &Req) 
     Ok(Resp::parse_from_bytes(&res.payload)?)
 }
 
+/// A Task RPC whose request carries only the container id.
+async fn by_id<Resp: Message>(c: &Client, method: &str, id: &str) -> Result<Resp> {
+    let id = id.to_string();
+    match method {
+        "Start" => {
+            call(
+                c,
+                method,
+                &StartRequest {
+                    id,
+                    ..Default::default()
+                },
+            )
+            .await
+        }
+        "Wait" => {
+            call(
+                c,
+                method,
+                &WaitRequest {
+                    id,
+                    ..Default::default()
+                },
+            )
+            .await
+        }
+        "Delete" => {
+            call(
+                c,
+                method,
+                &DeleteRequest {
+                    id,
+                    ..Default::default()
+                },
+            )
+            .await
+        }
+        "Shutdown" => {
+            call(
+                c,
+                method,
+                &ShutdownRequest {
+                    id,
+                    ..Default::default()
+                },
+            )
+            .await
+        }
+        other => bail!("no id-only request for {other}"),
+    }
+}
+
 struct Driver {
     args: Args,
     spec: Value,
@@ -491,60 +543,20 @@ impl Driver {
         }
         self.create_start(&client, &app_id, &app).await?;
         s.pod = ms(t0.elapsed());
-        let waited: WaitResponse = call(
-            &client,
-            "Wait",
-            &WaitRequest {
-                id: app_id.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+        let waited: WaitResponse = by_id(&client, "Wait", &app_id).await?;
         if waited.exit_status != 0 {
             bail!("{name}: the pod's /bin/true exited {}", waited.exit_status);
         }
-        let _: DeleteResponse = call(
-            &client,
-            "Delete",
-            &DeleteRequest {
-                id: app_id.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+        let _: DeleteResponse = by_id(&client, "Delete", &app_id).await?;
         let kill = containerd_shim_protos::api::KillRequest {
             id: id.into(),
             signal: 9,
             ..Default::default()
         };
         let _: Empty = call(&client, "Kill", &kill).await?;
-        let _: WaitResponse = call(
-            &client,
-            "Wait",
-            &WaitRequest {
-                id: id.into(),
-                ..Default::default()
-            },
-        )
-        .await?;
-        let _: DeleteResponse = call(
-            &client,
-            "Delete",
-            &DeleteRequest {
-                id: id.into(),
-                ..Default::default()
-            },
-        )
-        .await?;
-        let _: Result<Empty> = call(
-            &client,
-            "Shutdown",
-            &ShutdownRequest {
-                id: id.into(),
-                ..Default::default()
-            },
-        )
-        .await;
+        let _: WaitResponse = by_id(&client, "Wait", id).await?;
+        let _: DeleteResponse = by_id(&client, "Delete", id).await?;
+        let _: Result<Empty> = by_id(&client, "Shutdown", id).await;
         drop(client);
         let daemon = daemon_slot.take().unwrap_or_default();
         let exited = tokio::task::spawn_blocking(move || wait_exited_noreap(daemon));
@@ -568,15 +580,7 @@ impl Driver {
             ..Default::default()
         };
         let created: CreateTaskResponse = call(client, "Create", &create).await?;
-        let _: StartResponse = call(
-            client,
-            "Start",
-            &StartRequest {
-                id: id.into(),
-                ..Default::default()
-            },
-        )
-        .await?;
+        let _: StartResponse = by_id(client, "Start", id).await?;
         Ok(created.pid)
     }
 
@@ -665,52 +669,20 @@ impl Driver {
         }
         s.create = ms(t.elapsed());
         t = Instant::now();
-        let _: StartResponse = call(
-            &client,
-            "Start",
-            &StartRequest {
-                id: id.into(),
-                ..Default::default()
-            },
-        )
-        .await?;
+        let _: StartResponse = by_id(&client, "Start", id).await?;
         s.start = ms(t.elapsed());
         t = Instant::now();
-        let w: WaitResponse = call(
-            &client,
-            "Wait",
-            &WaitRequest {
-                id: id.into(),
-                ..Default::default()
-            },
-        )
-        .await?;
+        let w: WaitResponse = by_id(&client, "Wait", id).await?;
         if w.exit_status != 0 {
             bail!("{name}: /bin/true exited {}", w.exit_status);
         }
         s.wait = ms(t.elapsed());
         t = Instant::now();
-        let _: DeleteResponse = call(
-            &client,
-            "Delete",
-            &DeleteRequest {
-                id: id.into(),
-                ..Default::default()
-            },
-        )
-        .await?;
+        let _: DeleteResponse = by_id(&client, "Delete", id).await?;
         s.delete = ms(t.elapsed());
         t = Instant::now();
         // A shim may exit before its reply to Shutdown gets out; that is a normal shutdown.
-        let shut: Result<Empty> = call(
-            &client,
-            "Shutdown",
-            &ShutdownRequest {
-                id: id.into(),
-                ..Default::default()
-            },
-        )
-        .await;
+        let shut: Result<Empty> = by_id(&client, "Shutdown", id).await;
         drop(client);
         let exited = tokio::time::timeout(
             Duration::from_secs(30),

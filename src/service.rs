@@ -320,7 +320,8 @@ impl TaskService {
     async fn after_create(self: &Arc<Self>, id: &str, created: bool, abandoned: &AtomicBool) {
         // Taken out of the map before the first await: a Delete that waited on this Create
         // finds nothing (NOT_FOUND) rather than deleting it a second time.
-        let rollback = created && abandoned.load(Ordering::SeqCst);
+        let gave_up = abandoned.load(Ordering::SeqCst);
+        let rollback = created && gave_up;
         // In flight again until rolled back: Delete waits, Shutdown does not exit midway.
         let rolling = rollback.then(|| self.creating.begin(id, || false)).flatten();
         let taken = rollback.then(|| self.containers().remove(id)).flatten();
@@ -341,7 +342,7 @@ impl TaskService {
         }
         // Or its Shutdown fails on the expired deadline and it only disconnects: once no
         // engine is connected to a daemon left empty by the rollback, nobody will ask again.
-        if let (true, Some(conns)) = (abandoned.load(Ordering::SeqCst), self.connections.get().cloned()) {
+        if let (true, Some(conns)) = (gave_up, self.connections.get().cloned()) {
             let svc = self.clone();
             let id = id.to_string();
             tokio::spawn(async move {

@@ -4,8 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use libcgroups::common::{CgroupManager, ControllerOpt, FreezerState};
-use libcgroups::v1::manager::Manager;
+use libcgroups::common::{
+    create_cgroup_manager, AnyCgroupManager, CgroupConfig, CgroupManager, ControllerOpt, FreezerState,
+};
 use nix::unistd::Pid;
 use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxResources};
 
@@ -24,8 +25,14 @@ fn err(path: &Path, why: impl ToString) -> CgroupError {
     }
 }
 
-fn manager(path: &Path) -> Result<Manager, CgroupError> {
-    Manager::new(path).map_err(|e| err(path, e))
+/// libcgroups' manager for this host's mode (v1 on a legacy or hybrid host, else v2).
+fn manager(path: &Path) -> Result<AnyCgroupManager, CgroupError> {
+    let config = CgroupConfig {
+        cgroup_path: path.to_path_buf(),
+        systemd_cgroup: false,
+        container_name: String::new(),
+    };
+    create_cgroup_manager(config).map_err(|e| err(path, e))
 }
 
 /// Where a unified (v2) host mounts its cgroups.
@@ -41,53 +48,6 @@ pub fn host_is_v2() -> bool {
 
 fn v2_dir(path: &Path) -> PathBuf {
     Path::new(V2_ROOT).join(relative(path))
-}
-
-/// A manager call run by the libcgroups manager of this host's mode.
-type Runner = Box<dyn Fn(Op<'_>) -> Result<Vec<Pid>, String>>;
-
-/// The libcgroups manager for this host's mode, its errors as this module's.
-struct Any(Runner, PathBuf);
-
-/// One manager call.
-enum Op<'a> {
-    AddTask(Pid),
-    Apply(&'a ControllerOpt<'a>),
-    Remove,
-    Freeze(FreezerState),
-    Pids,
-}
-
-fn call<M: CgroupManager>(m: &M, op: Op<'_>) -> Result<Vec<Pid>, String>
-where
-    M::Error: std::fmt::Display,
-{
-    let done = |r: Result<(), M::Error>| r.map(|()| Vec::new()).map_err(|e| e.to_string());
-    match op {
-        Op::AddTask(pid) => done(m.add_task(pid)),
-        Op::Apply(o) => done(m.apply(o)),
-        Op::Remove => done(m.remove()),
-        Op::Freeze(s) => done(m.freeze(s)),
-        Op::Pids => m.get_all_pids().map_err(|e| e.to_string()),
-    }
-}
-
-impl Any {
-    fn for_host(path: &Path) -> Result<Any, CgroupError> {
-        let run: Runner = if host_is_v2() {
-            let m =
-                libcgroups::v2::manager::Manager::new(V2_ROOT.into(), path.to_path_buf()).map_err(|e| err(path, e))?;
-            Box::new(move |op| call(&m, op))
-        } else {
-            let m = manager(path)?;
-            Box::new(move |op| call(&m, op))
-        };
-        Ok(Any(run, path.to_path_buf()))
-    }
-
-    fn run(&self, op: Op<'_>) -> Result<Vec<Pid>, CgroupError> {
-        (self.0)(op).map_err(|e| err(&self.1, e))
-    }
 }
 
 /// runc's always-allowed device rules, appended after the spec's (specconv's AllowedDevices).
@@ -194,8 +154,8 @@ fn relative(path: &Path) -> &Path {
 /// Puts `pid` into `path` in every hierarchy and applies `resources`: devices as runc's
 /// emulator writes them, the rest through libcgroups.
 pub fn join(path: &Path, resources: &LinuxResources, pid: i32) -> Result<(), CgroupError> {
-    let m = Any::for_host(path)?;
-    m.run(Op::AddTask(Pid::from_raw(pid)))?;
+    let m = manager(path)?;
+    m.add_task(Pid::from_raw(pid)).map_err(|e| err(path, e))?;
     let mut rest = resources.clone();
     let rules = rest.devices().clone().unwrap_or_default();
     rest.set_devices(None);
@@ -209,7 +169,7 @@ pub fn join(path: &Path, resources: &LinuxResources, pid: i32) -> Result<(), Cgr
         oom_score_adj: None,
         freezer_state: None,
     };
-    m.run(Op::Apply(&opt))?;
+    m.apply(&opt).map_err(|e| err(path, e))?;
     if host_is_v2() {
         // No devices files on v2: the same rules as an eBPF program, as runc attaches one.
         let (allow_all, exceptions) = fold_devices(&rules);
@@ -294,7 +254,7 @@ pub fn update(path: &Path, resources: &LinuxResources) -> Result<(), CgroupError
         oom_score_adj: None,
         freezer_state: None,
     };
-    Any::for_host(path)?.run(Op::Apply(&opt)).map(drop)
+    manager(path)?.apply(&opt).map_err(|e| err(path, e))
 }
 
 pub fn freeze(path: &Path, frozen: bool) -> Result<(), CgroupError> {
@@ -303,11 +263,11 @@ pub fn freeze(path: &Path, frozen: bool) -> Result<(), CgroupError> {
     } else {
         FreezerState::Thawed
     };
-    Any::for_host(path)?.run(Op::Freeze(state)).map(drop)
+    manager(path)?.freeze(state).map_err(|e| err(path, e))
 }
 
 pub fn pids(path: &Path) -> Result<Vec<i32>, CgroupError> {
-    let pids = Any::for_host(path)?.run(Op::Pids)?;
+    let pids = manager(path)?.get_all_pids().map_err(|e| err(path, e))?;
     Ok(pids.into_iter().map(Pid::as_raw).collect())
 }
 
@@ -320,7 +280,7 @@ pub fn remove(path: &Path) -> Result<(), CgroupError> {
         for pid in pids(path).unwrap_or_default() {
             let _ = nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::SIGKILL);
         }
-        return Any::for_host(path)?.run(Op::Remove).map(drop);
+        return manager(path)?.remove().map_err(|e| err(path, e));
     }
     manager(path)?.remove().map_err(|e| err(path, e))?;
     for mount in extra_hierarchies() {
