@@ -18,7 +18,7 @@ pub struct CgroupError {
     pub why: String,
 }
 
-fn err(path: &Path, why: impl ToString) -> CgroupError {
+pub(super) fn err(path: &Path, why: impl ToString) -> CgroupError {
     CgroupError {
         path: path.display().to_string(),
         why: why.to_string(),
@@ -26,7 +26,7 @@ fn err(path: &Path, why: impl ToString) -> CgroupError {
 }
 
 /// libcgroups' manager for this host's mode (v1 on a legacy or hybrid host, else v2).
-fn manager(path: &Path) -> Result<AnyCgroupManager, CgroupError> {
+pub(super) fn manager(path: &Path) -> Result<AnyCgroupManager, CgroupError> {
     let config = CgroupConfig {
         cgroup_path: path.to_path_buf(),
         systemd_cgroup: false,
@@ -105,7 +105,7 @@ pub fn effective_resources(
 }
 
 /// Mount points of the v1 hierarchies whose super options pass `pick`.
-fn hierarchies(pick: fn(&str) -> bool) -> Vec<PathBuf> {
+pub(super) fn hierarchies(pick: fn(&str) -> bool) -> Vec<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     info.lines()
         .filter_map(|l| {
@@ -127,7 +127,7 @@ fn extra_hierarchies() -> Vec<PathBuf> {
     out
 }
 
-fn cgroup2_mounts() -> Vec<PathBuf> {
+pub(super) fn cgroup2_mounts() -> Vec<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     info.lines()
         .filter_map(|l| {
@@ -147,15 +147,30 @@ pub fn exists(path: &Path) -> bool {
     hierarchies(|_| true).iter().any(|m| m.join(relative(path)).is_dir())
 }
 
-fn relative(path: &Path) -> &Path {
+pub(super) fn relative(path: &Path) -> &Path {
     path.strip_prefix("/").unwrap_or(path)
 }
 
-/// Puts `pid` into `path` in every hierarchy and applies `resources`: devices as runc's
-/// emulator writes them, the rest through libcgroups.
+/// Puts `pid` into `path` in every hierarchy (through `cgroup.procs`) and applies `resources`:
+/// devices as runc's emulator writes them, the rest through libcgroups.
 pub fn join(path: &Path, resources: &LinuxResources, pid: i32) -> Result<(), CgroupError> {
     let m = manager(path)?;
     m.add_task(Pid::from_raw(pid)).map_err(|e| err(path, e))?;
+    limit(&m, path, resources)?;
+    if host_is_v2() {
+        return Ok(());
+    }
+    for mount in extra_hierarchies() {
+        let dir = mount.join(relative(path));
+        std::fs::create_dir_all(&dir).map_err(|e| err(&dir, e))?;
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).map_err(|e| err(&dir, e))?;
+    }
+    Ok(())
+}
+
+/// Applies `resources` to the joined cgroup: devices as files (v1) or an eBPF filter (v2), the
+/// rest through libcgroups.
+pub(super) fn limit(m: &AnyCgroupManager, path: &Path, resources: &LinuxResources) -> Result<(), CgroupError> {
     let mut rest = resources.clone();
     let rules = rest.devices().clone().unwrap_or_default();
     rest.set_devices(None);
@@ -179,11 +194,6 @@ pub fn join(path: &Path, resources: &LinuxResources, pid: i32) -> Result<(), Cgr
     }
     if !rules.is_empty() {
         write_devices(path, &rules)?;
-    }
-    for mount in extra_hierarchies() {
-        let dir = mount.join(relative(path));
-        std::fs::create_dir_all(&dir).map_err(|e| err(&dir, e))?;
-        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).map_err(|e| err(&dir, e))?;
     }
     Ok(())
 }

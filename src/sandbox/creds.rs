@@ -1,16 +1,14 @@
 //! The sandbox init's last steps, in runc's order: rlimits, the bounding set, user and groups,
-//! capabilities, `noNewPrivileges`, seccomp, then `execve`.
+//! capabilities, `noNewPrivileges`, then `execve` (seccomp: [`super::seccomp`]).
 
 use std::ffi::CString;
 
-use libseccomp::ScmpFilterContext;
 use nix::sys::stat::{fstat, Mode, SFlag};
 use nix::unistd::{Gid, Uid};
 use oci_spec::runtime::Process;
 use serde_json::Value;
 
 use super::init::{fail, InitError};
-use crate::security::seccomp::{self, Checks, Profile};
 
 /// Capability names in kernel order (`include/uapi/linux/capability.h`).
 const CAPS: [&str; 41] = [
@@ -253,30 +251,6 @@ pub fn capabilities(doc: &Value) -> Result<(), InitError> {
 
 pub fn no_new_privileges() -> Result<(), InitError> {
     prctl(libc::PR_SET_NO_NEW_PRIVS, 1, "no_new_privs")
-}
-
-/// Builds `linux.seccomp` (validated at Create) into a filter that leaves `no_new_privs` as
-/// the spec says, as runc does.
-pub fn seccomp_filter(doc: &Value) -> Result<Option<ScmpFilterContext>, InitError> {
-    let Some(raw) = doc.pointer("/linux/seccomp").filter(|v| !v.is_null()) else {
-        return Ok(None);
-    };
-    let profile: Profile = serde_json::from_value(raw.clone()).map_err(|e| fail(format!("linux.seccomp: {e}")))?;
-    let checks = Checks {
-        unknown: crate::security::Unknown::Warn,
-        require_default_deny: false,
-        all_arches: true,
-    };
-    let (mut filter, _) = seccomp::build(&profile, checks).map_err(|e| fail(format!("linux.seccomp: {e}")))?;
-    filter.set_ctl_nnp(false).map_err(|e| fail(format!("seccomp: {e}")))?;
-    Ok(Some(filter))
-}
-
-pub fn load_seccomp(filter: Option<ScmpFilterContext>) -> Result<(), InitError> {
-    match filter {
-        Some(f) => f.load().map_err(|e| fail(format!("load seccomp filter: {e}"))),
-        None => Ok(()),
-    }
 }
 
 /// The program's path: as given when it holds a `/`, else looked up in the spec's `PATH`.

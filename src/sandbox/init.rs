@@ -14,11 +14,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::sched::{setns, unshare, CloneFlags};
-use nix::unistd::{fork, ForkResult};
+use nix::unistd::ForkResult;
 use oci_spec::runtime::{LinuxDeviceType, LinuxNamespaceType, Spec};
 use serde_json::Value;
 
-use super::{cgroup, creds, rootfs, START_FD, SYNC_FD};
+use super::{cgroup, cgroup_entry, creds, rootfs, seccomp, SECCOMP_FD, START_FD, SYNC_FD};
 
 /// A step of the init that failed, in words for the engine.
 #[derive(Debug)]
@@ -80,7 +80,8 @@ fn run(args: &[String], sync: &mut File) -> Result<(), InitError> {
         .collect();
     let resources = cgroup::effective_resources(linux.resources().as_ref(), &nodes);
     let path = linux.cgroups_path().clone().unwrap_or_default();
-    cgroup::join(&path, &resources, std::process::id() as i32).map_err(|e| fail(e.to_string()))?;
+    let new_cgroupns = new_namespace(&l.spec, LinuxNamespaceType::Cgroup);
+    let entry = cgroup_entry::join_self(&path, &resources, new_cgroupns).map_err(|e| fail(e.to_string()))?;
     if let Some(adj) = l.spec.process().as_ref().and_then(|p| p.oom_score_adj()) {
         std::fs::write("/proc/self/oom_score_adj", adj.to_string())
             .map_err(|e| fail(format!("set oomScoreAdj {adj}: {e}")))?;
@@ -90,7 +91,7 @@ fn run(args: &[String], sync: &mut File) -> Result<(), InitError> {
     let pid_out = PidFile::open(Path::new(pid_file))?;
     enter_namespaces(&l.spec)?;
     // SAFETY: this process is single-threaded (a fresh exec that started no threads).
-    match unsafe { fork() }.map_err(|e| fail(format!("fork: {e}")))? {
+    match unsafe { cgroup_entry::fork(&entry) }.map_err(fail)? {
         ForkResult::Parent { child } => pid_out.write(child.as_raw()).map_err(|e| {
             let _ = nix::sys::signal::kill(child, nix::sys::signal::SIGKILL);
             fail(format!("write {pid_file}: {e}"))
@@ -191,6 +192,17 @@ fn enter_namespaces(spec: &Spec) -> Result<(), InitError> {
     unshare(new).map_err(|e| fail(format!("unshare {new:?}: {e}")))
 }
 
+/// Whether the spec asks for a new namespace of `kind` (listed without a path).
+fn new_namespace(spec: &Spec, kind: LinuxNamespaceType) -> bool {
+    let list = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().clone())
+        .unwrap_or_default();
+    list.iter()
+        .any(|n| n.typ() == kind && n.path().as_ref().is_none_or(|p| p.as_os_str().is_empty()))
+}
+
 fn has_namespace(spec: &Spec, kind: LinuxNamespaceType) -> bool {
     let list = spec
         .linux()
@@ -236,10 +248,13 @@ fn container(l: &Loaded, sync: &mut File, start: OwnedFd) -> Result<(), InitErro
         std::fs::write(&path, &value).map_err(|e| fail(format!("sysctl {key}={value}: {e}")))?;
     }
     rootfs::finalize(spec)?;
-    let mut filter = creds::seccomp_filter(&l.doc)?;
+    let program = match seccomp::wanted(&l.doc) {
+        true => Some(seccomp::receive(SECCOMP_FD)?),
+        false => None,
+    };
     let nnp = process.no_new_privileges().unwrap_or(false);
     if !nnp {
-        creds::load_seccomp(filter.take())?;
+        seccomp::load(program.as_ref())?;
     }
     creds::bounding(&l.doc)?;
     let home = creds::user(&process)?;
@@ -262,7 +277,7 @@ fn container(l: &Loaded, sync: &mut File, start: OwnedFd) -> Result<(), InitErro
     }
     drop(start);
     if nnp {
-        if let Err(InitError(why)) = creds::load_seccomp(filter.take()) {
+        if let Err(InitError(why)) = seccomp::load(program.as_ref()) {
             let _ = writeln!(std::io::stderr(), "{why}");
             std::process::exit(127);
         }

@@ -21,12 +21,14 @@
 //! any field of `process` or `linux` this module does not know.
 
 mod cgroup;
+mod cgroup_entry;
 pub mod check;
 mod creds;
 mod devfilter;
 pub mod init;
 mod rootfs;
 pub mod runtime;
+mod seccomp;
 
 pub use check::{check, is_pause, is_sandbox, Fallback};
 pub use runtime::FastSandbox;
@@ -39,6 +41,12 @@ pub const RECORD_BINARY: &str = "gantry-sandbox-init";
 /// the pipe Start writes to.
 pub const SYNC_FD: i32 = 3;
 pub const START_FD: i32 = 4;
+/// Compiled seccomp filters, under the OCI runtime's root (no engine namespace starts with a
+/// dot, so no runtime state directory takes this name).
+pub const SECCOMP_CACHE: &str = ".seccomp-cache";
+
+/// Where `sandbox-init` reads the seccomp program the daemon compiled ([`seccomp`]).
+pub const SECCOMP_FD: i32 = 5;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -84,6 +92,7 @@ pub fn choose(
         identity.root,
         config.runtime.timeouts,
         reaper.clone(),
-    );
+    )
+    .with_spec(&doc, config.runtime.root.join(SECCOMP_CACHE));
     Ok(Some(Arc::new(sandbox)))
 }

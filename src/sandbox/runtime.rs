@@ -15,7 +15,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
 
-use super::{cgroup, RECORD_BINARY, START_FD, SYNC_FD};
+use super::{cgroup, seccomp, RECORD_BINARY, SECCOMP_FD, START_FD, SYNC_FD};
 use crate::config::RuntimeTimeouts;
 use crate::reaper::Reaper;
 use crate::runtime::{ProcessStdio, Runtime, RuntimeError, RuntimeIdentity, RuntimeState, Spawn};
@@ -32,6 +32,9 @@ pub struct FastSandbox {
     /// Write end of the pipe the init waits on; taken by Start.
     start: Mutex<Option<OwnedFd>>,
     started: std::sync::atomic::AtomicBool,
+    /// The spec as read at Create, when it has a seccomp filter for the daemon to compile, and
+    /// where compiled filters are kept.
+    seccomp: Option<(serde_json::Value, PathBuf)>,
 }
 
 fn failed(command: &str, message: impl Into<String>) -> RuntimeError {
@@ -83,7 +86,15 @@ impl FastSandbox {
             pid: Mutex::new(None),
             start: Mutex::new(None),
             started: Default::default(),
+            seccomp: None,
         }
+    }
+
+    /// The spec whose seccomp filter the daemon compiles for the init (none: no filter), and
+    /// the directory of compiled filters.
+    pub fn with_spec(mut self, doc: &serde_json::Value, cache: PathBuf) -> Self {
+        self.seccomp = seccomp::wanted(doc).then(|| (doc.clone(), cache));
+        self
     }
 
     /// The runtime of a fast-path container whose daemon died (`delete`): pid and cgroup from
@@ -123,7 +134,7 @@ impl FastSandbox {
             .then_some(pid)
     }
 
-    fn command(&self, pid_file: &Path, stdio: ProcessStdio, sync: OwnedFd, start: OwnedFd) -> Command {
+    fn command(&self, pid_file: &Path, stdio: ProcessStdio, fds: [(OwnedFd, i32); 3]) -> Command {
         let mut cmd = Command::new("/proc/self/exe");
         cmd.arg0(RECORD_BINARY)
             .arg("sandbox-init")
@@ -136,8 +147,8 @@ impl FastSandbox {
         // SAFETY: only dup2 (async-signal-safe) between fork and exec; it clears close-on-exec.
         unsafe {
             cmd.pre_exec(move || {
-                for (fd, at) in [(&sync, SYNC_FD), (&start, START_FD)] {
-                    if libc::dup2(fd.as_raw_fd(), at) < 0 {
+                for (fd, at) in &fds {
+                    if *at >= 0 && libc::dup2(fd.as_raw_fd(), *at) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
@@ -151,7 +162,15 @@ impl FastSandbox {
     async fn spawn_init(&self, pid_file: &Path, stdio: ProcessStdio) -> Result<(), RuntimeError> {
         let (sync_r, sync_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
         let (start_r, start_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
-        let mut cmd = self.command(pid_file, stdio, high(&sync_w)?, high(&start_r)?);
+        let (program_r, program_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
+        // Without a filter to send the init gets no descriptor 5 (`-1`: not placed).
+        let program_at = if self.seccomp.is_some() { SECCOMP_FD } else { -1 };
+        let fds = [
+            (high(&sync_w)?, SYNC_FD),
+            (high(&start_r)?, START_FD),
+            (high(&program_r)?, program_at),
+        ];
+        let mut cmd = self.command(pid_file, stdio, fds);
         let since = Instant::now();
         let child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
             binary: RECORD_BINARY.into(),
@@ -160,7 +179,10 @@ impl FastSandbox {
         let pid = child.id() as i32;
         let exited = self.reaper.subscribe_since(pid, Some(since));
         drop(cmd);
-        drop((sync_w, start_r));
+        drop((sync_w, start_r, program_r));
+        let compiled = self.seccomp.clone().map(|(doc, dir)| {
+            tokio::task::spawn_blocking(move || seccomp::send(&doc, program_w, Some(&seccomp::Cache::new(dir))))
+        });
         *self.start.lock().unwrap_or_else(|p| p.into_inner()) = Some(start_w);
         let mut report = String::new();
         let after = self.timeouts.for_command("create");
@@ -181,6 +203,14 @@ impl FastSandbox {
             }
         };
         let status = exit.map(|e| e.status).unwrap_or(1);
+        if let Some(task) = compiled {
+            match task.await {
+                Ok(Ok(())) => {}
+                // The init reported that no program came; the daemon knows why.
+                Ok(Err(why)) => return Err(failed("create", why)),
+                Err(e) => return Err(failed("create", format!("seccomp program: {e}"))),
+            }
+        }
         match report.lines().last() {
             Some("ok") if status == 0 => Ok(()),
             Some(line) => Err(failed("create", line.trim_start_matches("error: "))),
