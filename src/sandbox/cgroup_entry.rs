@@ -35,6 +35,12 @@ pub fn join_self(path: &Path, resources: &LinuxResources, new_cgroupns: bool) ->
         cgroup::join(path, resources, pid)?;
         return Ok(Entry::Inherited);
     }
+    // libcgroups' manager takes ~2 ms to build (a procfs mount per controller): a helper
+    // thread builds it while this one creates and joins the hierarchies (a thread moving itself
+    // leaves the others where they are). It has ended before the init enters namespaces, which
+    // needs a single-threaded process.
+    let owned = path.to_path_buf();
+    let builder = std::thread::Builder::new().spawn(move || cgroup::manager(&owned));
     let relative = cgroup::relative(path);
     for mount in cgroup::hierarchies(joined) {
         let dir = mount.join(relative);
@@ -44,7 +50,13 @@ pub fn join_self(path: &Path, resources: &LinuxResources, new_cgroupns: bool) ->
         }
         std::fs::write(dir.join("tasks"), "0").map_err(|e| err(&dir, format!("join: {e}")))?;
     }
-    cgroup::limit(&cgroup::manager(path)?, path, resources)?;
+    let manager = match builder {
+        Ok(thread) => thread
+            .join()
+            .map_err(|_| err(path, "the thread building the cgroup manager panicked"))??,
+        Err(_) => cgroup::manager(path)?,
+    };
+    cgroup::limit(&manager, path, resources)?;
     let mut entry = Entry::Inherited;
     for mount in cgroup::cgroup2_mounts() {
         let dir = mount.join(relative);
