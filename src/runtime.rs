@@ -330,6 +330,8 @@ impl OciRuntime {
             args.extend(["--console-socket".into(), sock.into()]);
         }
         args.push(id.into());
+        // The runtime writes the new process into every hierarchy's cgroup.procs.
+        let _warm = crate::cgroups::warm::hold();
         self.run(args, Some(spawn.stdio)).await.map(|_| ())
     }
 
@@ -346,6 +348,7 @@ impl OciRuntime {
             args.extend(["--console-socket".into(), sock.into()]);
         }
         args.push(id.into());
+        let _warm = crate::cgroups::warm::hold();
         self.run(args, Some(spawn.stdio)).await.map(|_| ())
     }
 

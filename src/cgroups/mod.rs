@@ -31,6 +31,7 @@
 mod oom;
 mod v1;
 mod v2;
+pub mod warm;
 
 #[cfg(test)]
 mod live_tests;

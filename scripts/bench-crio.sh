@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# Pod start through a real CRI-O: its default handler (conmon + runc, infra container dropped)
+# against gantry (runtime_type "vm", sandbox fast path on), pods interleaved handler by handler
+# so machine noise hits both alike. Every number printed comes from this run.
+#
+#   scripts/bench-crio.sh --crio BIN --crictl BIN --pinns BIN [--pods N] [--keep]
+#
+# CRI-O is not in this project's package sources, so the binaries are given (built from CRI-O's
+# and cri-tools' release tags, say); conmon, runc, skopeo and the CNI loopback plugin come from
+# Debian's packages (installed when missing). CRI-O runs privately: its own config, storage
+# under a temporary directory, socket, state and CNI config (one loopback network), the
+# cgroupfs driver, pods with a kubelet-style cgroup parent. Each pod is `crictl runp`, one
+# busybox container `create` and `start` (pid namespace per container, as kubelet asks), timed
+# by wall clock around crictl; `runp (CRI-O)` is the same step from CRI-O's own log (RunPodSandbox
+# received to answered), without crictl's process start. Prints p50s and the ratio gantry/default.
+#
+# Hosts without CAP_SYS_RESOURCE (this project's VMs) refuse the oomScoreAdj of -998 CRI-O
+# gives every infra container: the default handler never creates one (it drops it), gantry
+# does, so there CRI-O must be built with that value at 0 (server/sandbox_run.go,
+# PodInfraOOMAdj) for the comparison to run at all. The script checks and says so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+export LC_ALL=C
+
+crio='' crictl='' pinns='' pods=30 keep=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --crio) crio=${2:?}; shift ;;
+    --crictl) crictl=${2:?}; shift ;;
+    --pinns) pinns=${2:?}; shift ;;
+    --pods) pods=${2:?}; shift ;;
+    --keep) keep=1 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench-crio.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+for b in "$crio" "$crictl" "$pinns"; do
+  [ -x "$b" ] || { echo "bench-crio.sh: --crio, --crictl and --pinns must name executables" >&2; exit 2; }
+done
+[ "$(id -u)" = 0 ] || { echo "bench-crio.sh: run it as root" >&2; exit 1; }
+
+missing=()
+for p in conmon:conmon runc:runc skopeo:skopeo /usr/lib/cni/loopback:containernetworking-plugins busybox:busybox-static; do
+  command -v "${p%%:*}" >/dev/null 2>&1 || [ -x "${p%%:*}" ] || missing+=("${p#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! sh -c 'echo -998 > /proc/self/oom_score_adj' 2>/dev/null; then
+  echo "bench-crio.sh: this host refuses oom_score_adj -998 (no CAP_SYS_RESOURCE); CRI-O must be" >&2
+  echo "  built with PodInfraOOMAdj = 0 or gantry's infra containers fail (see the header)." >&2
+fi
+
+echo "== building gantry (release)"
+cargo build --release --quiet
+shim="$repo/target/$(rustc -vV | sed -n 's/^host: //p')/release/containerd-shim-gantry-v2"
+
+work=$(mktemp -d /var/tmp/gantry-crio.XXXXXX)
+run=/run/gantry-bench-crio
+sock="$run/crio.sock"
+storage="overlay@$work/storage+$run/storage"
+cleanup() {
+  set +e
+  if [ -S "$sock" ]; then
+    "$crictl" -r "unix://$sock" rmp -fa >/dev/null 2>&1
+  fi
+  [ -n "${crio_pid:-}" ] && kill "$crio_pid" 2>/dev/null && wait "$crio_pid" 2>/dev/null
+  grep -o " $work/[^ ]*\| $run/[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null
+  [ "$keep" = 1 ] && { echo "kept $work (CRI-O log: $work/crio.log)"; return; }
+  rm -rf "$work" "$run"
+}
+trap cleanup EXIT
+
+mkdir -p "$work/cni" "$work/logs" "$run"
+echo '{"default":[{"type":"insecureAcceptAnything"}]}' >"$work/policy.json"
+echo '{"cniVersion":"0.4.0","name":"lo-only","plugins":[{"type":"loopback"}]}' >"$work/cni/10-lo.conflist"
+: >"$work/gantry.toml"
+cat >"$work/crio.conf" <<CONF
+[crio]
+root = "$work/storage"
+runroot = "$run/storage"
+storage_driver = "overlay"
+log_dir = "$work/logs"
+version_file = "$run/version"
+version_file_persist = "$work/version"
+clean_shutdown_file = "$work/clean.shutdown"
+[crio.api]
+listen = "$sock"
+[crio.runtime]
+default_runtime = "runc"
+conmon = "$(command -v conmon)"
+cgroup_manager = "cgroupfs"
+conmon_cgroup = "pod"
+pinns_path = "$pinns"
+namespaces_dir = "$run/ns"
+container_exits_dir = "$run/exits"
+container_attach_socket_dir = "$run/attach"
+[crio.runtime.runtimes.runc]
+runtime_path = "$(command -v runc)"
+runtime_type = "oci"
+runtime_root = "$run/runc"
+[crio.runtime.runtimes.gantry]
+runtime_type = "vm"
+runtime_path = "$shim"
+runtime_root = "$run/gantry"
+runtime_config_path = "$work/gantry.toml"
+privileged_without_host_devices = true
+[crio.image]
+pause_image = "localhost/gantry/pause:latest"
+pause_command = "/pause"
+signature_policy = "$work/policy.json"
+[crio.network]
+network_dir = "$work/cni"
+plugin_dirs = ["/usr/lib/cni"]
+CONF
+
+echo "== images (busybox-static, gantry's pause program) into CRI-O's storage"
+scripts/busybox-image.sh "$work/img/pause" localhost/gantry/pause:latest /pause >/dev/null
+scripts/busybox-image.sh "$work/img/busybox" localhost/gantry/busybox:latest >/dev/null
+skopeo copy -q "oci-archive:$work/img/pause/image.tar" "containers-storage:[$storage]localhost/gantry/pause:latest"
+skopeo copy -q "oci-archive:$work/img/busybox/image.tar" "containers-storage:[$storage]localhost/gantry/busybox:latest"
+
+echo "== CRI-O $("$crio" --version 2>/dev/null | sed -n 's/^Version: *//p')"
+"$crio" --config "$work/crio.conf" --log-level info >"$work/crio.log" 2>&1 &
+crio_pid=$!
+C=("$crictl" -r "unix://$sock" -i "unix://$sock" -t 30s)
+for _ in $(seq 100); do "${C[@]}" version >/dev/null 2>&1 && break; sleep 0.1; done
+
+cat >"$work/ctr.json" <<'JSON'
+{"metadata":{"name":"c"},"image":{"image":"localhost/gantry/busybox:latest"},"command":["sleep","3600"],"log_path":"c.log","linux":{"security_context":{"namespace_options":{"pid":1}}}}
+JSON
+ms() { echo $(( ($2 - $1) / 1000 )); }
+one_pod() { # HANDLER INDEX -> appends "handler runp create start total" (µs) to times
+  local h=$1 i=$2 t0 t1 t2 t3 p c
+  printf '{"metadata":{"name":"p-%s-%s","namespace":"default","uid":"u-%s-%s"},"log_directory":"%s","linux":{"cgroup_parent":"/kubepods/besteffort/podu-%s-%s","security_context":{"namespace_options":{"pid":1}}}}' \
+    "$h" "$i" "$h" "$i" "$work/logs" "$h" "$i" >"$work/pod.json"
+  t0=$(date +%s%N); p=$("${C[@]}" runp --runtime "$h" "$work/pod.json")
+  t1=$(date +%s%N); c=$("${C[@]}" create "$p" "$work/ctr.json" "$work/pod.json")
+  t2=$(date +%s%N); "${C[@]}" start "$c" >/dev/null
+  t3=$(date +%s%N)
+  echo "$h $(ms "$t0" "$t1") $(ms "$t1" "$t2") $(ms "$t2" "$t3") $(ms "$t0" "$t3")" >>"$work/times"
+  "${C[@]}" stop -t 0 "$c" >/dev/null
+  "${C[@]}" stopp "$p" >/dev/null
+  "${C[@]}" rmp "$p" >/dev/null
+}
+echo "== warm-up, then $pods pods per handler, interleaved"
+one_pod runc 0; one_pod gantry 0; : >"$work/times"
+for i in $(seq 1 "$pods"); do one_pod runc "$i"; one_pod gantry "$i"; done
+taken=$(grep -c '"oci_runtime":"gantry-sandbox-init"' "$work/crio.log" || true)
+fallback=$(grep -c 'sandbox fast path not taken' "$work/crio.log" || true)
+
+python3 - "$work/times" "$work/crio.log" "$taken" "$fallback" <<'PY'
+import datetime, re, statistics, sys
+times, log, taken, fallback = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+rows = [l.split() for l in open(times)]
+def p50(h, i): return statistics.median(int(r[i]) for r in rows if r[0] == h) / 1000
+def ts(s):
+    d, f = s.replace('T', ' ').rstrip('Z').split('.')
+    return datetime.datetime.strptime(d, '%Y-%m-%d %H:%M:%S').timestamp() + float('0.' + f)
+began, runp = {}, {'runc': [], 'gantry': []}
+for l in open(log):
+    m = re.search(r'time="([^"]+)".*msg="Running pod sandbox: default/p-(\w+)-(\d+)/POD', l)
+    if m and m.group(3) != '0': began[(m.group(2), m.group(3))] = ts(m.group(1))
+    m = re.search(r'time="([^"]+)".*msg="Ran pod sandbox .*default/p-(\w+)-(\d+)/POD', l)
+    if m and (m.group(2), m.group(3)) in began:
+        runp[m.group(2)].append((ts(m.group(1)) - began.pop((m.group(2), m.group(3)))) * 1000)
+n = sum(1 for r in rows if r[0] == 'gantry')
+print(f"\npod start through CRI-O, p50 of {n} pods each (ms); gantry's sandbox fast path taken "
+      f"{taken} times, fallbacks logged {fallback}")
+print(f"{'step':<18}{'conmon+runc':>12}{'gantry':>10}{'ratio':>8}")
+for i, name in enumerate(['runp', 'create', 'start', 'pod start'], 1):
+    a, b = p50('runc', i), p50('gantry', i)
+    print(f"{name:<18}{a:>12.1f}{b:>10.1f}{b / a:>8.2f}")
+if runp['runc'] and runp['gantry']:
+    a, b = statistics.median(runp['runc']), statistics.median(runp['gantry'])
+    print(f"{'runp (CRI-O)':<18}{a:>12.1f}{b:>10.1f}{b / a:>8.2f}")
+PY
