@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use nix::sched::{setns, unshare, CloneFlags};
 use nix::unistd::ForkResult;
-use oci_spec::runtime::{LinuxDeviceType, LinuxNamespaceType, Spec};
+use oci_spec::runtime::{LinuxDeviceType, LinuxNamespace, LinuxNamespaceType, Spec};
 use serde_json::Value;
 
 use super::{cgroup, cgroup_entry, creds, rootfs, seccomp, SECCOMP_FD, START_FD, SYNC_FD};
@@ -192,24 +192,19 @@ fn enter_namespaces(spec: &Spec) -> Result<(), InitError> {
     unshare(new).map_err(|e| fail(format!("unshare {new:?}: {e}")))
 }
 
+/// The spec's entry for a namespace of `kind`, if it lists one.
+fn namespace(spec: &Spec, kind: LinuxNamespaceType) -> Option<LinuxNamespace> {
+    let list = spec.linux().as_ref().and_then(|l| l.namespaces().as_ref())?;
+    list.iter().find(|n| n.typ() == kind).cloned()
+}
+
 /// Whether the spec asks for a new namespace of `kind` (listed without a path).
 fn new_namespace(spec: &Spec, kind: LinuxNamespaceType) -> bool {
-    let list = spec
-        .linux()
-        .as_ref()
-        .and_then(|l| l.namespaces().clone())
-        .unwrap_or_default();
-    list.iter()
-        .any(|n| n.typ() == kind && n.path().as_ref().is_none_or(|p| p.as_os_str().is_empty()))
+    namespace(spec, kind).is_some_and(|n| n.path().as_ref().is_none_or(|p| p.as_os_str().is_empty()))
 }
 
 fn has_namespace(spec: &Spec, kind: LinuxNamespaceType) -> bool {
-    let list = spec
-        .linux()
-        .as_ref()
-        .and_then(|l| l.namespaces().clone())
-        .unwrap_or_default();
-    list.iter().any(|n| n.typ() == kind)
+    namespace(spec, kind).is_some()
 }
 
 /// The forked child: everything inside the namespaces, then the wait for Start and the exec.
