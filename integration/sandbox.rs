@@ -147,6 +147,11 @@ fn observe(pid: u32, id: &str) -> BTreeMap<String, String> {
     }
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     seen.insert("cgroup".into(), cgroup.replace(id, "ID"));
+    // The same read from inside its cgroup namespace: where that namespace is rooted.
+    let o = run(Command::new("nsenter")
+        .args(["-t", &pid.to_string(), "-C", "--", "cat"])
+        .arg(format!("/proc/{pid}/cgroup")));
+    seen.insert("cgroup.in_ns".into(), text(&o).replace(id, "ID"));
     seen.insert(
         "root".into(),
         std::fs::read_link(format!("/proc/{pid}/root"))
@@ -371,6 +376,21 @@ async fn fast_path_root_pause_matches_runc_field_by_field() {
     assert_ne!(a["status.CapAmb"], "0000000000000000");
     assert_eq!(a["status.Umask"], "0077");
     assert_eq!(a["ns.cgroup"], "own");
+    assert!(rooted_at_container(&a["cgroup.in_ns"]), "{}", a["cgroup.in_ns"]);
+}
+
+/// Whether a `/proc/<pid>/cgroup` read from inside the process's cgroup namespace (as
+/// [`observe`] keeps it) shows it at the namespace's root in every hierarchy: the namespace
+/// was created once the process was in all of its cgroups.
+fn rooted_at_container(seen: &str) -> bool {
+    let lines: Vec<&str> = seen
+        .lines()
+        .map(|l| l.trim_start_matches("stdout="))
+        .filter(|l| l.split(':').count() == 3 && l.starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    seen.starts_with("status=Some(0)")
+        && lines.iter().any(|l| l.starts_with("0::"))
+        && lines.iter().all(|l| l.ends_with(":/"))
 }
 
 /// State, Stats, Pause/Resume, an app container joining the pause container's pid namespace,
@@ -655,6 +675,10 @@ async fn fast_path_on_cgroup_v2_matches_runc() {
     let pinned = Pinned::new(&fast_ns.dir);
     let v2_only = |spec: &mut serde_json::Value| {
         spec["linux"]["resources"] = serde_json::json!({"devices": [{"allow": false, "access": "rwm"}]});
+        spec["linux"]["namespaces"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"type": "cgroup"}));
     };
     let fast = pause_bundle(&fast_ns, "pf2", &rootfs, &pinned, v2_only);
     let slow = pause_bundle(&runc_ns, "pr2", &rootfs, &pinned, v2_only);
@@ -679,6 +703,8 @@ async fn fast_path_on_cgroup_v2_matches_runc() {
         .collect();
     assert!(differences.is_empty(), "differences:\n{}", differences.join("\n"));
     assert!(a["cgroup"].contains("0::/NS/ID\n"), "{}", a["cgroup"]);
+    assert!(rooted_at_container(&a["cgroup.in_ns"]), "{}", a["cgroup.in_ns"]);
+    assert_eq!(a["ns.cgroup"], "own");
     for want in ["null-ok", "mknod-ok", "kmsg-denied"] {
         assert!(a["devices"].contains(want), "{want}: {}", a["devices"]);
     }

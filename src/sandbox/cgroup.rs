@@ -50,6 +50,38 @@ fn v2_dir(path: &Path) -> PathBuf {
     Path::new(V2_ROOT).join(relative(path))
 }
 
+/// Creates `path` in the v2 hierarchy as libcgroups' v2 manager (and runc) do before they move
+/// a process in: each level created, and every controller the root offers enabled in the
+/// root's and each intermediate level's `cgroup.subtree_control` (best effort, as theirs: a
+/// limit needing a controller that could not be enabled fails when applied). Returns the
+/// leaf's directory.
+pub(super) fn create_v2(path: &Path) -> Result<PathBuf, CgroupError> {
+    create_v2_under(Path::new(V2_ROOT), path)
+}
+
+fn create_v2_under(root: &Path, path: &Path) -> Result<PathBuf, CgroupError> {
+    let available = std::fs::read_to_string(root.join("cgroup.controllers")).map_err(|e| err(root, e))?;
+    let enable = |dir: &Path| {
+        for c in available.split_whitespace() {
+            let _ = std::fs::write(dir.join("cgroup.subtree_control"), format!("+{c}"));
+        }
+    };
+    enable(root);
+    let mut dir = root.to_path_buf();
+    let mut parts = relative(path).components().peekable();
+    while let Some(part) = parts.next() {
+        dir.push(part);
+        match std::fs::create_dir(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(err(&dir, e)),
+            _ => {}
+        }
+        if parts.peek().is_some() {
+            enable(&dir);
+        }
+    }
+    Ok(dir)
+}
+
 /// runc's always-allowed device rules, appended after the spec's (specconv's AllowedDevices).
 fn default_rules() -> Vec<LinuxDeviceCgroup> {
     let rule = |typ, major: Option<i64>, minor: Option<i64>, access: &str| {
@@ -329,6 +361,28 @@ mod tests {
         assert!(!allow_all);
         assert_eq!(list[..3], ["b *:* m", "c *:* m", "c 1:3 rwm"]);
         assert_eq!(list[list.len() - 3..], ["c 10:200 rwm", "c 136:* rwm", "c 195:0 rwm"]);
+    }
+
+    #[test]
+    fn v2_levels_are_created_with_controllers_enabled_above_the_leaf() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::write(root.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        std::fs::create_dir(root.join("pod")).unwrap();
+        let leaf = create_v2_under(root, Path::new("/pod/ctr")).unwrap();
+        assert_eq!(leaf, root.join("pod/ctr"));
+        assert!(leaf.is_dir());
+        // A fixture's plain file keeps the last write: each enabled level got all three.
+        for dir in [root.to_path_buf(), root.join("pod")] {
+            assert_eq!(
+                std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap(),
+                "+pids"
+            );
+        }
+        assert!(!leaf.join("cgroup.subtree_control").exists());
+        // Idempotent: a second container of the pod, the same pod again.
+        create_v2_under(root, Path::new("/pod/ctr")).unwrap();
+        assert!(create_v2_under(&root.join("missing"), Path::new("/a")).is_err());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use oci_spec::runtime::LinuxResources;
 
 use super::cgroup::{self, err, CgroupError};
 
-/// How the init's child is to enter the unified (cgroup2) hierarchy of a hybrid host.
+/// How the init's child is to enter the unified (cgroup2) hierarchy.
 pub enum Entry {
     /// Nothing left to do: the child inherits every membership of this process.
     Inherited,
@@ -24,16 +24,22 @@ pub enum Entry {
     ForkInto { dir: PathBuf, fd: OwnedFd },
 }
 
-/// Puts the calling process into `path` and applies `resources`. On a v1 or hybrid host with a
-/// single-threaded caller each v1 hierarchy is joined through `tasks` and the unified one is
-/// left to [`fork`]; otherwise (v2, threads) through `cgroup.procs` as [`cgroup::join`] does.
-/// `new_cgroupns`: the init creates a cgroup namespace, whose root is taken from this
-/// process's own cgroups, so the unified one is joined here too.
-pub fn join_self(path: &Path, resources: &LinuxResources, new_cgroupns: bool) -> Result<Entry, CgroupError> {
+/// Puts the calling process into `path`'s v1 hierarchies, readies its cgroup2 directory for
+/// the child, and applies `resources`. With a single-threaded caller each v1 hierarchy is
+/// joined through `tasks` and the unified one (a hybrid host's, or a v2 host's only one) is
+/// left to [`fork`]; with threads (not the init's case) through `cgroup.procs` as
+/// [`cgroup::join`] does. A new cgroup namespace is the child's to create, once it is in every
+/// cgroup (as runc unshares it last).
+pub fn join_self(path: &Path, resources: &LinuxResources) -> Result<Entry, CgroupError> {
     let pid = std::process::id() as i32;
-    if cgroup::host_is_v2() || !single_threaded() {
+    if !single_threaded() {
         cgroup::join(path, resources, pid)?;
         return Ok(Entry::Inherited);
+    }
+    if cgroup::host_is_v2() {
+        let dir = cgroup::create_v2(path)?;
+        cgroup::limit(&cgroup::manager(path)?, path, resources)?;
+        return fork_into(dir);
     }
     // libcgroups' manager takes ~2 ms to build (a procfs mount per controller): a helper
     // thread builds it while this one creates and joins the hierarchies (a thread moving itself
@@ -57,21 +63,24 @@ pub fn join_self(path: &Path, resources: &LinuxResources, new_cgroupns: bool) ->
         Err(_) => cgroup::manager(path)?,
     };
     cgroup::limit(&manager, path, resources)?;
-    let mut entry = Entry::Inherited;
-    for mount in cgroup::cgroup2_mounts() {
-        let dir = mount.join(relative);
-        std::fs::create_dir_all(&dir).map_err(|e| err(&dir, e))?;
-        if new_cgroupns || matches!(entry, Entry::ForkInto { .. }) {
-            std::fs::write(dir.join("cgroup.procs"), pid.to_string()).map_err(|e| err(&dir, e))?;
-            continue;
+    // A hybrid host's unified hierarchy, as runc's v1 manager joins it (one hierarchy, however
+    // many times mounted: the first mount names it).
+    match cgroup::cgroup2_mounts().into_iter().next() {
+        Some(mount) => {
+            let dir = mount.join(relative);
+            std::fs::create_dir_all(&dir).map_err(|e| err(&dir, e))?;
+            fork_into(dir)
         }
-        let flags = nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
-        let raw = nix::fcntl::open(&dir, flags, nix::sys::stat::Mode::empty()).map_err(|e| err(&dir, e))?;
-        // SAFETY: `open` just returned this descriptor and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        entry = Entry::ForkInto { dir, fd };
+        None => Ok(Entry::Inherited),
     }
-    Ok(entry)
+}
+
+fn fork_into(dir: PathBuf) -> Result<Entry, CgroupError> {
+    let flags = nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
+    let raw = nix::fcntl::open(&dir, flags, nix::sys::stat::Mode::empty()).map_err(|e| err(&dir, e))?;
+    // SAFETY: `open` just returned this descriptor and nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    Ok(Entry::ForkInto { dir, fd })
 }
 
 /// The v1 controllers libcgroups' manager joins, as runc's cgroupfs manager does.

@@ -149,6 +149,11 @@ pub fn check_with(doc: &Value, systemd: bool, host_netns: impl Fn(&str) -> bool)
     if !cgroups_path.starts_with('/') || cgroups_path.contains(':') {
         return fallback(format!("cgroupsPath {cgroups_path:?} is not an absolute cgroupfs path"));
     }
+    // The init joins each hierarchy's mount point with this path; runc cleans `.` and `..`
+    // away first (so such a path stays under the mount). Left to runc to clean.
+    if cgroups_path.split('/').any(|c| c == "." || c == "..") {
+        return fallback(format!("cgroupsPath {cgroups_path:?} has `.` or `..` components"));
+    }
     check_namespaces(doc)?;
     check_names_and_sysctls(doc, &host_netns)?;
     check_mounts(doc)?;

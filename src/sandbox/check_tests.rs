@@ -79,7 +79,13 @@ fn sandboxes_and_pause_programs_are_recognised() {
 #[test]
 fn host_cgroup_setups_it_does_not_handle_fall_back() {
     assert!(check(&pause_spec(), true).unwrap_err().0.contains("systemd"));
-    for path in ["kubepods-besteffort.slice:crio:abc", "relative/path", ""] {
+    for path in [
+        "kubepods-besteffort.slice:crio:abc",
+        "relative/path",
+        "",
+        "/../../../../tmp/escape",
+        "/kubepods/./pod1/..",
+    ] {
         let mut doc = pause_spec();
         doc["linux"]["cgroupsPath"] = json!(path);
         assert!(reason(&doc).contains("cgroupsPath"), "{path}");

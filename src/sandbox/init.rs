@@ -80,8 +80,7 @@ fn run(args: &[String], sync: &mut File) -> Result<(), InitError> {
         .collect();
     let resources = cgroup::effective_resources(linux.resources().as_ref(), &nodes);
     let path = linux.cgroups_path().clone().unwrap_or_default();
-    let new_cgroupns = new_namespace(&l.spec, LinuxNamespaceType::Cgroup);
-    let entry = cgroup_entry::join_self(&path, &resources, new_cgroupns).map_err(|e| fail(e.to_string()))?;
+    let entry = cgroup_entry::join_self(&path, &resources).map_err(|e| fail(e.to_string()))?;
     if let Some(adj) = l.spec.process().as_ref().and_then(|p| p.oom_score_adj()) {
         std::fs::write("/proc/self/oom_score_adj", adj.to_string())
             .map_err(|e| fail(format!("set oomScoreAdj {adj}: {e}")))?;
@@ -167,7 +166,9 @@ fn flag(kind: LinuxNamespaceType) -> CloneFlags {
 }
 
 /// Joins the namespaces given by path (opened first: they are host paths), then creates the
-/// rest in one `unshare`. A pid namespace takes effect for the child forked next.
+/// rest in one `unshare`. A pid namespace takes effect for the child forked next. A new cgroup
+/// namespace is left to the child: its root is the creator's cgroups, and only the child is in
+/// every one of the container's (see [`cgroup_entry::fork`]).
 fn enter_namespaces(spec: &Spec) -> Result<(), InitError> {
     let list = spec
         .linux()
@@ -183,6 +184,7 @@ fn enter_namespaces(spec: &Spec) -> Result<(), InitError> {
                     File::open(p).map_err(|e| fail(format!("open {:?} namespace {}: {e}", ns.typ(), p.display())))?;
                 joins.push((f, ns.typ(), p.clone()));
             }
+            _ if ns.typ() == LinuxNamespaceType::Cgroup => {}
             _ => new |= flag(ns.typ()),
         }
     }
@@ -214,6 +216,9 @@ fn container(l: &Loaded, sync: &mut File, start: OwnedFd) -> Result<(), InitErro
     // Not dumpable until the exec: nothing in the container may ptrace or open this process.
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if new_namespace(spec, LinuxNamespaceType::Cgroup) {
+        unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| fail(format!("unshare cgroup namespace: {e}")))?;
+    }
     creds::rlimits(&process)?;
     rootfs::prepare(spec, &l.rootfs)?;
     // In a UTS namespace of its own, new or joined (CRI-O pins one), as runc sets them.

@@ -171,8 +171,6 @@ impl FastSandbox {
             (high(&program_r)?, program_at),
         ];
         let mut cmd = self.command(pid_file, stdio, fds);
-        // On v2 the init joins through cgroup.procs (v1: `tasks`, see cgroup_entry).
-        let _warm = cgroup::host_is_v2().then(crate::cgroups::warm::hold);
         let since = Instant::now();
         let child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
             binary: RECORD_BINARY.into(),
