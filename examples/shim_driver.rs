@@ -31,6 +31,9 @@
 //!
 //! `--keep-logs` saves each shim's log FIFO output as `WORKDIR/ID.log`.
 //!
+//! `--systemd-slice SLICE` gives each container the systemd driver's `cgroupsPath`,
+//! `SLICE:drv:<id>` (the shims' own configuration must select that driver).
+//!
 //! `--summary FILE` also writes `SHIM<TAB>KEY<TAB>VALUE` lines (lifecycle_p50, lifecycle_p90,
 //! create_p50, cpu_p50, cpu_mean, start_cmd_p50, in ms; `null` where not applicable) for
 //! scripts without a JSON parser.
@@ -72,6 +75,8 @@ struct Args {
     pod: Option<PathBuf>,
     /// GANTRY_CONFIG for a shim's `start` (so one binary runs with two configs).
     configs: Vec<(String, PathBuf)>,
+    /// systemd cgroup driver: `cgroupsPath` is `SLICE:drv:<id>` instead of `/<ns>/<id>`.
+    systemd_slice: Option<String>,
 }
 
 fn usage() -> ! {
@@ -79,7 +84,7 @@ fn usage() -> ! {
         "usage: shim_driver --shim NAME=PATH [--shim NAME=PATH ...] --rootfs DIR --workdir DIR \
          --address SOCK --ttrpc-address SOCK [--namespace NS] [--runs N] [--warmup N] \
          [--runtime-binary NAME] [--publish-binary PATH] [--summary FILE] [--runtime-floor] [--keep-logs] \
-         [--pod PAUSE_ROOTFS] [--config NAME=GANTRY_CONFIG]"
+         [--pod PAUSE_ROOTFS] [--config NAME=GANTRY_CONFIG] [--systemd-slice SLICE]"
     );
     std::process::exit(2)
 }
@@ -101,6 +106,7 @@ fn parse_args() -> Result<Args> {
         keep_logs: false,
         pod: None,
         configs: Vec::new(),
+        systemd_slice: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -132,6 +138,7 @@ fn parse_args() -> Result<Args> {
             "--warmup" => a.warmup = v.parse().context("--warmup")?,
             "--summary" => a.summary = Some(PathBuf::from(v)),
             "--pod" => a.pod = Some(PathBuf::from(v)),
+            "--systemd-slice" => a.systemd_slice = Some(v),
             "--config" => {
                 let (n, p) = v.split_once('=').ok_or_else(|| anyhow!("--config wants NAME=PATH"))?;
                 a.configs.push((n.to_string(), PathBuf::from(p)));
@@ -376,7 +383,11 @@ impl Driver {
         spec["process"]["args"] = json!(["/bin/true"]);
         spec["root"]["path"] = self.args.rootfs.to_str().unwrap().into();
         spec["root"]["readonly"] = true.into();
-        spec["linux"]["cgroupsPath"] = format!("/{}/{}", self.args.namespace, id).into();
+        spec["linux"]["cgroupsPath"] = match &self.args.systemd_slice {
+            Some(slice) => format!("{slice}:drv:{id}"),
+            None => format!("/{}/{}", self.args.namespace, id),
+        }
+        .into();
         patch(&mut spec);
         std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&spec)?)?;
         for f in ["stdout", "stderr", "log"] {

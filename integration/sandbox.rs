@@ -12,6 +12,9 @@ use containerd_shim_protos::api::{
     WaitRequest,
 };
 
+#[path = "sandbox_systemd.rs"]
+mod systemd;
+
 use crate::common::{
     assert_clean, code, crio_bundle, crio_create_req, crio_remove, crio_start, ctx, env, message, open_fifo_reader,
     run, task_client, text, wait_until, CrioBundle, Ns, SHIM,

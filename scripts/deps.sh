@@ -2,7 +2,8 @@
 # Installs what gantry's build, demo and tests need on a fresh Debian machine, skipping what is
 # already there: containerd 1.6, runc, crun, criu, busybox-static, protoc (for the CRI test
 # client), script (tty tests), libseccomp-dev, promtool (Debian's prometheus package: the
-# metrics tests check the exporter's output with `promtool check metrics`).
+# metrics tests check the exporter's output with `promtool check metrics`), systemd (a manager
+# the systemd-driver sandbox test starts; it does not become PID 1).
 set -euo pipefail
 
 need=()
@@ -16,6 +17,8 @@ if command -v busybox >/dev/null 2>&1 && ! { ldd "$(command -v busybox)" 2>&1 ||
   need+=(busybox-static)
 fi
 dpkg -s libseccomp-dev >/dev/null 2>&1 || need+=(libseccomp-dev)
+# systemd's manager binary (not as PID 1): the sandbox tests' systemd cgroup driver runs one.
+[ -x /lib/systemd/systemd ] || need+=(systemd)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"

@@ -25,14 +25,55 @@ pub(super) fn err(path: &Path, why: impl ToString) -> CgroupError {
     }
 }
 
-/// libcgroups' manager for this host's mode (v1 on a legacy or hybrid host, else v2).
+/// libcgroups' manager for this host's mode and `path`'s driver: v1 on a legacy or hybrid host;
+/// on a v2 host, systemd's for a `slice:prefix:name` path (a scope unit started and changed
+/// over D-Bus, as runc's systemd driver does), else v2's.
 pub(super) fn manager(path: &Path) -> Result<AnyCgroupManager, CgroupError> {
+    let unit = systemd_unit(path);
     let config = CgroupConfig {
         cgroup_path: path.to_path_buf(),
-        systemd_cgroup: false,
-        container_name: String::new(),
+        systemd_cgroup: unit.is_some(),
+        container_name: unit.map(|u| u.name).unwrap_or_default(),
     };
     create_cgroup_manager(config).map_err(|e| err(path, e))
+}
+
+/// A systemd-driver `cgroupsPath` (`slice:prefix:name`), as the fast path takes it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SystemdUnit {
+    /// The container's name (`name`).
+    pub name: String,
+    /// The scope unit runc would start for it: `prefix-name.scope`.
+    pub scope: String,
+}
+
+/// `path` as a systemd-driver `cgroupsPath`: a parent slice (`*.slice`, or empty for
+/// `system.slice`), a prefix and a name, none with a `/`; a name that is itself a slice (a
+/// unit the runtime would create as a slice, not a scope) is not taken.
+pub fn systemd_unit(path: &Path) -> Option<SystemdUnit> {
+    let text = path.to_str()?;
+    let parts: Vec<&str> = text.split(':').collect();
+    let [slice, prefix, name] = parts[..] else {
+        return None;
+    };
+    let slice_ok = slice.is_empty() || (slice.len() > ".slice".len() && slice.ends_with(".slice"));
+    let plain = |s: &str| !s.is_empty() && !s.contains('/') && s != "." && s != "..";
+    (slice_ok && !slice.contains('/') && plain(prefix) && plain(name) && !name.ends_with(".slice")).then(|| {
+        SystemdUnit {
+            name: name.to_string(),
+            scope: format!("{prefix}-{name}.scope"),
+        }
+    })
+}
+
+/// `pid`'s cgroup2 directory (from `/proc/<pid>/cgroup`): where systemd put it.
+pub(super) fn v2_dir_of(pid: i32) -> Result<PathBuf, CgroupError> {
+    let file = PathBuf::from(format!("/proc/{pid}/cgroup"));
+    let text = std::fs::read_to_string(&file).map_err(|e| err(&file, e))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| Path::new(V2_ROOT).join(relative(Path::new(p))))
+        .ok_or_else(|| err(&file, "no cgroup2 line"))
 }
 
 /// Where a unified (v2) host mounts its cgroups.
@@ -171,8 +212,11 @@ pub(super) fn cgroup2_mounts() -> Vec<PathBuf> {
         .collect()
 }
 
-/// Whether the cgroup exists in any v1 hierarchy.
+/// Whether the cgroup exists in any v1 hierarchy (v2: in the one; systemd: its scope's).
 pub fn exists(path: &Path) -> bool {
+    if systemd_unit(path).is_some() {
+        return manager(path).is_ok_and(|m| m.get_all_pids().is_ok());
+    }
     if host_is_v2() {
         return v2_dir(path).is_dir();
     }
@@ -188,10 +232,14 @@ pub(super) fn relative(path: &Path) -> &Path {
 pub fn join(path: &Path, resources: &LinuxResources, pid: i32) -> Result<(), CgroupError> {
     let m = manager(path)?;
     m.add_task(Pid::from_raw(pid)).map_err(|e| err(path, e))?;
-    limit(&m, path, resources)?;
     if host_is_v2() {
-        return Ok(());
+        let dir = match systemd_unit(path) {
+            Some(_) => v2_dir_of(pid)?,
+            None => v2_dir(path),
+        };
+        return limit(&m, path, Some(&dir), resources);
     }
+    limit(&m, path, None, resources)?;
     for mount in extra_hierarchies() {
         let dir = mount.join(relative(path));
         std::fs::create_dir_all(&dir).map_err(|e| err(&dir, e))?;
@@ -200,9 +248,15 @@ pub fn join(path: &Path, resources: &LinuxResources, pid: i32) -> Result<(), Cgr
     Ok(())
 }
 
-/// Applies `resources` to the joined cgroup: devices as files (v1) or an eBPF filter (v2), the
-/// rest through libcgroups.
-pub(super) fn limit(m: &AnyCgroupManager, path: &Path, resources: &LinuxResources) -> Result<(), CgroupError> {
+/// Applies `resources` to the joined cgroup: devices as an eBPF filter attached to `v2_dir`
+/// (a v2 host's cgroup directory) or else as v1 devices files, the rest through libcgroups
+/// (systemd: as unit properties).
+pub(super) fn limit(
+    m: &AnyCgroupManager,
+    path: &Path,
+    v2_dir: Option<&Path>,
+    resources: &LinuxResources,
+) -> Result<(), CgroupError> {
     let mut rest = resources.clone();
     let rules = rest.devices().clone().unwrap_or_default();
     rest.set_devices(None);
@@ -217,12 +271,11 @@ pub(super) fn limit(m: &AnyCgroupManager, path: &Path, resources: &LinuxResource
         freezer_state: None,
     };
     m.apply(&opt).map_err(|e| err(path, e))?;
-    if host_is_v2() {
+    if let Some(dir) = v2_dir {
         // No devices files on v2: the same rules as an eBPF program, as runc attaches one.
         let (allow_all, exceptions) = fold_devices(&rules);
         let program = super::devfilter::program(allow_all, &exceptions).map_err(|e| err(path, e))?;
-        let dir = v2_dir(path);
-        return super::devfilter::attach(&dir, &program).map_err(|e| err(&dir, format!("device filter: {e}")));
+        return super::devfilter::attach(dir, &program).map_err(|e| err(dir, format!("device filter: {e}")));
     }
     if !rules.is_empty() {
         write_devices(path, &rules)?;
@@ -315,6 +368,13 @@ pub fn pids(path: &Path) -> Result<Vec<i32>, CgroupError> {
 
 /// Kills what is left in it and removes it from every hierarchy.
 pub fn remove(path: &Path) -> Result<(), CgroupError> {
+    if systemd_unit(path).is_some() {
+        // Its processes first, so that stopping the scope finds nothing to wait for.
+        for pid in pids(path).unwrap_or_default() {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        }
+        return manager(path)?.remove().map_err(|e| err(path, e));
+    }
     if host_is_v2() {
         if !v2_dir(path).exists() {
             return Ok(());

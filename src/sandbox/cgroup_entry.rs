@@ -32,13 +32,15 @@ pub enum Entry {
 /// cgroup (as runc unshares it last).
 pub fn join_self(path: &Path, resources: &LinuxResources) -> Result<Entry, CgroupError> {
     let pid = std::process::id() as i32;
-    if !single_threaded() {
+    // systemd driver (v2 hosts): systemd starts the scope with this process in it, as runc's
+    // driver has it do; the child inherits it.
+    if !single_threaded() || cgroup::systemd_unit(path).is_some() {
         cgroup::join(path, resources, pid)?;
         return Ok(Entry::Inherited);
     }
     if cgroup::host_is_v2() {
         let dir = cgroup::create_v2(path)?;
-        cgroup::limit(&cgroup::manager(path)?, path, resources)?;
+        cgroup::limit(&cgroup::manager(path)?, path, Some(&dir), resources)?;
         return fork_into(dir);
     }
     // libcgroups' manager takes ~2 ms to build (a procfs mount per controller): a helper
@@ -62,7 +64,7 @@ pub fn join_self(path: &Path, resources: &LinuxResources) -> Result<Entry, Cgrou
             .map_err(|_| err(path, "the thread building the cgroup manager panicked"))??,
         Err(_) => cgroup::manager(path)?,
     };
-    cgroup::limit(&manager, path, resources)?;
+    cgroup::limit(&manager, path, None, resources)?;
     // A hybrid host's unified hierarchy, as runc's v1 manager joins it (one hierarchy, however
     // many times mounted: the first mount names it).
     match cgroup::cgroup2_mounts().into_iter().next() {

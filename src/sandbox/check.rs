@@ -106,10 +106,38 @@ fn unknown_keys(obj: Option<&Value>, known: &[&str], at: &str) -> Result<(), Fal
     }
 }
 
+/// The cgroup driver the fast path would use, as the host allows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    Cgroupfs,
+    /// systemd on a v2 host: scopes through libcgroups' systemd manager.
+    Systemd,
+    /// systemd configured where the fast path cannot drive it, and why.
+    SystemdUnusable(&'static str),
+}
+
+impl Driver {
+    /// The configured driver (`systemd`: the runtime's `systemd_cgroup`) on this host.
+    pub fn on_this_host(systemd: bool) -> Driver {
+        match systemd {
+            false => Driver::Cgroupfs,
+            // libcgroups drives systemd on v2 only; runc's v1 systemd driver also joins the
+            // controllers systemd does not manage, which the fast path does not do.
+            true if !super::cgroup::host_is_v2() => {
+                Driver::SystemdUnusable("the systemd cgroup driver on a cgroup v1 host")
+            }
+            true if !libcgroups::systemd::booted() => {
+                Driver::SystemdUnusable("the systemd cgroup driver without systemd running")
+            }
+            true => Driver::Systemd,
+        }
+    }
+}
+
 /// `Ok` when the fast path applies everything `doc` asks for; else why not. `systemd` is the
 /// configured cgroup driver.
 pub fn check(doc: &Value, systemd: bool) -> Result<(), Fallback> {
-    check_with(doc, systemd, is_host_netns)
+    check_with(doc, Driver::on_this_host(systemd), is_host_netns)
 }
 
 /// Whether the namespace file at `path` is this process's (the host's) network namespace.
@@ -122,9 +150,9 @@ fn is_host_netns(path: &str) -> bool {
 }
 
 /// [`check`] with the host-network-namespace test given (unit tests fake it).
-pub fn check_with(doc: &Value, systemd: bool, host_netns: impl Fn(&str) -> bool) -> Result<(), Fallback> {
-    if systemd {
-        return fallback("the systemd cgroup driver");
+pub fn check_with(doc: &Value, driver: Driver, host_netns: impl Fn(&str) -> bool) -> Result<(), Fallback> {
+    if let Driver::SystemdUnusable(why) = driver {
+        return fallback(why);
     }
     unknown_keys(Some(doc), TOP, "")?;
     unknown_keys(doc.get("process"), PROCESS, "process.")?;
@@ -145,7 +173,24 @@ pub fn check_with(doc: &Value, systemd: bool, host_netns: impl Fn(&str) -> bool)
             return fallback(what);
         }
     }
+    check_cgroups_path(doc, driver)?;
+    check_namespaces(doc)?;
+    check_names_and_sysctls(doc, &host_netns)?;
+    check_mounts(doc)?;
+    check_capabilities(doc)?;
+    check_seccomp(doc)
+}
+
+fn check_cgroups_path(doc: &Value, driver: Driver) -> Result<(), Fallback> {
     let cgroups_path = doc.pointer("/linux/cgroupsPath").and_then(Value::as_str).unwrap_or("");
+    if driver == Driver::Systemd {
+        if super::cgroup::systemd_unit(std::path::Path::new(cgroups_path)).is_none() {
+            return fallback(format!(
+                "cgroupsPath {cgroups_path:?} is not a systemd slice:prefix:name path"
+            ));
+        }
+        return Ok(());
+    }
     if !cgroups_path.starts_with('/') || cgroups_path.contains(':') {
         return fallback(format!("cgroupsPath {cgroups_path:?} is not an absolute cgroupfs path"));
     }
@@ -154,11 +199,7 @@ pub fn check_with(doc: &Value, systemd: bool, host_netns: impl Fn(&str) -> bool)
     if cgroups_path.split('/').any(|c| c == "." || c == "..") {
         return fallback(format!("cgroupsPath {cgroups_path:?} has `.` or `..` components"));
     }
-    check_namespaces(doc)?;
-    check_names_and_sysctls(doc, &host_netns)?;
-    check_mounts(doc)?;
-    check_capabilities(doc)?;
-    check_seccomp(doc)
+    Ok(())
 }
 
 fn check_namespaces(doc: &Value) -> Result<(), Fallback> {

@@ -77,8 +77,52 @@ fn sandboxes_and_pause_programs_are_recognised() {
 }
 
 #[test]
+fn the_systemd_driver_takes_slice_prefix_name_paths_where_the_host_allows_it() {
+    let no = |_: &str| false;
+    let with = |path: &str, driver| {
+        let mut doc = pause_spec();
+        doc["linux"]["cgroupsPath"] = json!(path);
+        check_with(&doc, driver, no).err().map(|f| f.0)
+    };
+    let unusable = Driver::SystemdUnusable("the systemd cgroup driver on a cgroup v1 host");
+    assert_eq!(
+        with("kubepods-besteffort-pod1.slice:crio:abc", unusable).as_deref(),
+        Some("the systemd cgroup driver on a cgroup v1 host")
+    );
+    for good in [
+        "kubepods-besteffort-pod1.slice:crio:abc",
+        ":cri-containerd:abc",
+        "system.slice:x:y",
+    ] {
+        assert_eq!(with(good, Driver::Systemd), None, "{good}");
+    }
+    for bad in [
+        "/kubepods/pod1/abc",
+        "kubepods.slice:crio",
+        "kubepods.slice:crio:a:b",
+        "kubepods.slice:crio:",
+        "kubepods.slice::abc",
+        "kubepods.slice:crio:pod.slice",
+        "kubepods:crio:abc",
+        ".slice:crio:abc",
+        "a/b.slice:crio:abc",
+        "kubepods.slice:crio:..",
+        "kubepods.slice:cr/io:abc",
+    ] {
+        assert!(
+            with(bad, Driver::Systemd).is_some_and(|r| r.contains("slice:prefix:name")),
+            "{bad}"
+        );
+    }
+    let unit = super::super::cgroup::systemd_unit(std::path::Path::new("kubepods-pod1.slice:crio:abc")).unwrap();
+    assert_eq!((unit.name.as_str(), unit.scope.as_str()), ("abc", "crio-abc.scope"));
+}
+
+#[test]
 fn host_cgroup_setups_it_does_not_handle_fall_back() {
-    assert!(check(&pause_spec(), true).unwrap_err().0.contains("systemd"));
+    if !crate::sandbox::cgroup::host_is_v2() {
+        assert!(check(&pause_spec(), true).unwrap_err().0.contains("systemd"));
+    }
     for path in [
         "kubepods-besteffort.slice:crio:abc",
         "relative/path",
@@ -215,7 +259,7 @@ fn sysctls_and_names_outside_the_containers_namespaces_go_to_runc() {
     let with = |edit: fn(&mut Value)| {
         let mut doc = pause_spec();
         edit(&mut doc);
-        check_with(&doc, false, host)
+        check_with(&doc, Driver::Cgroupfs, host)
     };
     assert_eq!(
         with(

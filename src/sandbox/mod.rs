@@ -8,7 +8,8 @@
 //! waits for Start to exec the program.
 //!
 //! Handled: namespaces (joined by path, as CRI-O's `pinns` leaves them, or new), the cgroup
-//! (cgroupfs driver, absolute `cgroupsPath`, resources through libcgroups; on v1 every mounted
+//! (cgroupfs driver with an absolute `cgroupsPath`, or on a v2 host with systemd the systemd
+//! driver's `slice:prefix:name` scope; resources through libcgroups; on v1 every mounted
 //! hierarchy joined as runc joins them, on v2 runc's device rules as an eBPF filter), `oomScoreAdj`, rlimits, hostname and
 //! domainname, sysctls, the rootfs (pivoted into, read-only where asked, propagation) and its
 //! `bind`/`proc`/`sysfs`/`tmpfs`/`devpts`/`mqueue` mounts, runc's default device nodes and
@@ -20,7 +21,7 @@
 //! compiles the seccomp filter while the init sets up, once per node and profile ([`seccomp`]).
 //!
 //! Anything else goes to the OCI runtime, and the reason is logged ([`check`] names it): the
-//! systemd cgroup driver, user namespaces,
+//! systemd cgroup driver on a v1 host or without systemd, user namespaces,
 //! hooks, a terminal, AppArmor and SELinux labels, `cgroup` mounts, seccomp notification, and
 //! any field of `process` or `linux` this module does not know.
 

@@ -127,10 +127,15 @@ impl FastSandbox {
     fn live_pid(&self) -> Option<i32> {
         let pid = self.pid()?;
         let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-        let want = self.cgroup.to_string_lossy();
+        // systemd driver: systemd places the scope under its own root and the slice's path.
+        let (want, scope) = match cgroup::systemd_unit(&self.cgroup) {
+            Some(unit) => (format!("/{}", unit.scope), true),
+            None => (self.cgroup.to_string_lossy().into_owned(), false),
+        };
         cgroups
             .lines()
-            .any(|l| l.rsplit(':').next() == Some(&want))
+            .filter_map(|l| l.rsplit(':').next())
+            .any(|p| if scope { p.ends_with(&want) } else { p == want })
             .then_some(pid)
     }
 
@@ -228,7 +233,7 @@ impl Runtime for FastSandbox {
         RuntimeIdentity {
             binary: RECORD_BINARY.into(),
             root: self.root.clone(),
-            systemd_cgroup: false,
+            systemd_cgroup: cgroup::systemd_unit(&self.cgroup).is_some(),
         }
     }
 
@@ -288,8 +293,12 @@ impl Runtime for FastSandbox {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
         let path = self.cgroup.clone();
-        let existed = cgroup::exists(&path);
-        blocking("delete", move || cgroup::remove(&path)).await?;
+        // systemd's driver asks systemd (D-Bus): off the daemon's thread, as the removal is.
+        let existed = blocking("delete", move || {
+            let existed = cgroup::exists(&path);
+            cgroup::remove(&path).map(|()| existed)
+        })
+        .await?;
         if existed || self.pid().is_some() {
             Ok(())
         } else {
