@@ -4,12 +4,14 @@
 # so machine noise hits both alike. Every number printed comes from this run.
 #
 #   scripts/bench-crio.sh --crio BIN --crictl BIN --pinns BIN [--pods N] [--keep]
+#                         [--cgroup-manager cgroupfs|systemd]
 #
 # CRI-O is not in this project's package sources, so the binaries are given (built from CRI-O's
 # and cri-tools' release tags, say); conmon, runc, skopeo and the CNI loopback plugin come from
 # Debian's packages (installed when missing). CRI-O runs privately: its own config, storage
 # under a temporary directory, socket, state and CNI config (one loopback network), the
-# cgroupfs driver, pods with a kubelet-style cgroup parent. Each pod is `crictl runp`, one
+# cgroupfs driver (or, with `--cgroup-manager systemd`, CRI-O's default systemd driver, gantry's
+# `systemd_cgroup = true`, and kubelet's pod slices), pods with a kubelet-style cgroup parent. Each pod is `crictl runp`, one
 # busybox container `create` and `start` (pid namespace per container, as kubelet asks), timed
 # by wall clock around crictl; `runp (CRI-O)` is the same step from CRI-O's own log (RunPodSandbox
 # received to answered), without crictl's process start. Prints p50s and the ratio gantry/default.
@@ -18,14 +20,23 @@
 # gives every infra container: the default handler never creates one (it drops it), gantry
 # does, so there CRI-O must be built with that value at 0 (server/sandbox_run.go,
 # PodInfraOOMAdj) for the comparison to run at all. The script checks and says so.
+#
+# `--cgroup-manager systemd` on a host without systemd as PID 1 (this project's VMs) runs the
+# whole bench in a mount namespace made to look like a systemd host on cgroup v2, as the
+# systemd-driver sandbox test does (integration/sandbox_systemd.rs): `/sys/fs/cgroup` is the
+# cgroup2 hierarchy, `/run/systemd/system` exists, and root's `systemd --user` manager, in a
+# cgroup of its own, answers on the system bus path through its own D-Bus daemon. With the
+# controllers bound to v1 here that view has none, so neither handler applies limits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 export LC_ALL=C
 
-crio='' crictl='' pinns='' pods=30 keep=0
+crio='' crictl='' pinns='' pods=30 keep=0 cgm=cgroupfs
+args=("$@")
 while [ $# -gt 0 ]; do
   case "$1" in
+    --cgroup-manager) cgm=${2:?}; shift ;;
     --crio) crio=${2:?}; shift ;;
     --crictl) crictl=${2:?}; shift ;;
     --pinns) pinns=${2:?}; shift ;;
@@ -40,6 +51,40 @@ for b in "$crio" "$crictl" "$pinns"; do
   [ -x "$b" ] || { echo "bench-crio.sh: --crio, --crictl and --pinns must name executables" >&2; exit 2; }
 done
 [ "$(id -u)" = 0 ] || { echo "bench-crio.sh: run it as root" >&2; exit 1; }
+case "$cgm" in cgroupfs | systemd) ;; *) echo "bench-crio.sh: --cgroup-manager cgroupfs|systemd" >&2; exit 2 ;; esac
+
+# systemd driver without a systemd host: re-run inside a namespace that is one (see the header).
+if [ "$cgm" = systemd ] && [ ! -d /run/systemd/system ] && [ -z "${GANTRY_BENCH_SYSTEMD_NS:-}" ]; then
+  command -v systemctl >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd dbus >/dev/null; }
+  rt=$(mktemp -d /tmp/gantry-crio-systemd.XXXXXX)
+  export GANTRY_BENCH_SYSTEMD_NS=$rt
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  exec unshare -m --propagation private bash -c '
+    set -e
+    rt=$GANTRY_BENCH_SYSTEMD_NS cg=/sys/fs/cgroup/${GANTRY_BENCH_SYSTEMD_NS##*/}
+    mount -t cgroup2 none /sys/fs/cgroup
+    mkdir -p "$cg" && echo $$ >"$cg/cgroup.procs"
+    mount -t tmpfs tmpfs /run/systemd && mkdir -p /run/systemd/system
+    mount -t tmpfs tmpfs "$rt"
+    XDG_RUNTIME_DIR=$rt /lib/systemd/systemd --user >/dev/null 2>&1 &
+    sd=$!
+    for _ in $(seq 200); do [ -S "$rt/systemd/private" ] && break; sleep 0.05; done
+    XDG_RUNTIME_DIR=$rt timeout 20 systemctl --user is-system-running --wait >/dev/null || true
+    for _ in $(seq 200); do [ -S "$rt/bus" ] && break; sleep 0.05; done
+    mkdir -p /run/dbus && mount -t tmpfs tmpfs /run/dbus
+    touch /run/dbus/system_bus_socket && mount --bind "$rt/bus" /run/dbus/system_bus_socket
+    set +e
+    "$0" "$@"; rc=$?
+    echo $$ >/sys/fs/cgroup/cgroup.procs # out of the tree systemd manages, before that is emptied
+    kill "$sd"
+    for _ in $(seq 50); do kill -0 "$sd" 2>/dev/null || break; sleep 0.1; done
+    find "$cg" -name cgroup.procs -exec cat {} + | xargs -r kill -9 2>/dev/null
+    wait "$sd"
+    for _ in $(seq 50); do [ -z "$(find "$cg" -name cgroup.procs -exec cat {} +)" ] && break; sleep 0.1; done
+    for _ in $(seq 50); do find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null; [ -d "$cg" ] || break; sleep 0.1; done
+    umount -l "$rt"; rmdir "$rt"
+    exit $rc' "$0" "${args[@]}"
+fi
 
 missing=()
 for p in conmon:conmon runc:runc skopeo:skopeo /usr/lib/cni/loopback:containernetworking-plugins busybox:busybox-static; do
@@ -76,7 +121,7 @@ trap cleanup EXIT
 mkdir -p "$work/cni" "$work/logs" "$run"
 echo '{"default":[{"type":"insecureAcceptAnything"}]}' >"$work/policy.json"
 echo '{"cniVersion":"0.4.0","name":"lo-only","plugins":[{"type":"loopback"}]}' >"$work/cni/10-lo.conflist"
-: >"$work/gantry.toml"
+if [ "$cgm" = systemd ]; then printf '[runtime]\nsystemd_cgroup = true\n' >"$work/gantry.toml"; else : >"$work/gantry.toml"; fi
 cat >"$work/crio.conf" <<CONF
 [crio]
 root = "$work/storage"
@@ -91,7 +136,7 @@ listen = "$sock"
 [crio.runtime]
 default_runtime = "runc"
 conmon = "$(command -v conmon)"
-cgroup_manager = "cgroupfs"
+cgroup_manager = "$cgm"
 conmon_cgroup = "pod"
 pinns_path = "$pinns"
 namespaces_dir = "$run/ns"
@@ -134,8 +179,12 @@ JSON
 ms() { echo $(( ($2 - $1) / 1000 )); }
 one_pod() { # HANDLER INDEX -> appends "handler runp create start total" (µs) to times
   local h=$1 i=$2 t0 t1 t2 t3 p c
-  printf '{"metadata":{"name":"p-%s-%s","namespace":"default","uid":"u-%s-%s"},"log_directory":"%s","linux":{"cgroup_parent":"/kubepods/besteffort/podu-%s-%s","security_context":{"namespace_options":{"pid":1}}}}' \
-    "$h" "$i" "$h" "$i" "$work/logs" "$h" "$i" >"$work/pod.json"
+  # kubelet's parent for a BestEffort pod: a path (cgroupfs) or a slice (systemd, the uid's
+  # dashes as underscores).
+  local parent="/kubepods/besteffort/podu-$h-$i"
+  [ "$cgm" = systemd ] && parent="kubepods-besteffort-podu_${h}_$i.slice"
+  printf '{"metadata":{"name":"p-%s-%s","namespace":"default","uid":"u-%s-%s"},"log_directory":"%s","linux":{"cgroup_parent":"%s","security_context":{"namespace_options":{"pid":1}}}}' \
+    "$h" "$i" "$h" "$i" "$work/logs" "$parent" >"$work/pod.json"
   t0=$(date +%s%N); p=$("${C[@]}" runp --runtime "$h" "$work/pod.json")
   t1=$(date +%s%N); c=$("${C[@]}" create "$p" "$work/ctr.json" "$work/pod.json")
   t2=$(date +%s%N); "${C[@]}" start "$c" >/dev/null
@@ -151,9 +200,9 @@ for i in $(seq 1 "$pods"); do one_pod runc "$i"; one_pod gantry "$i"; done
 taken=$(grep -c '"oci_runtime":"gantry-sandbox-init"' "$work/crio.log" || true)
 fallback=$(grep -c 'sandbox fast path not taken' "$work/crio.log" || true)
 
-python3 - "$work/times" "$work/crio.log" "$taken" "$fallback" <<'PY'
+python3 - "$work/times" "$work/crio.log" "$taken" "$fallback" "$cgm" <<'PY'
 import datetime, re, statistics, sys
-times, log, taken, fallback = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+times, log, taken, fallback, cgm = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 rows = [l.split() for l in open(times)]
 def p50(h, i): return statistics.median(int(r[i]) for r in rows if r[0] == h) / 1000
 def ts(s):
@@ -167,8 +216,8 @@ for l in open(log):
     if m and (m.group(2), m.group(3)) in began:
         runp[m.group(2)].append((ts(m.group(1)) - began.pop((m.group(2), m.group(3)))) * 1000)
 n = sum(1 for r in rows if r[0] == 'gantry')
-print(f"\npod start through CRI-O, p50 of {n} pods each (ms); gantry's sandbox fast path taken "
-      f"{taken} times, fallbacks logged {fallback}")
+print(f"\npod start through CRI-O ({cgm} cgroup manager), p50 of {n} pods each (ms); gantry's "
+      f"sandbox fast path taken {taken} times, fallbacks logged {fallback}")
 print(f"{'step':<18}{'conmon+runc':>12}{'gantry':>10}{'ratio':>8}")
 for i, name in enumerate(['runp', 'create', 'start', 'pod start'], 1):
     a, b = p50('runc', i), p50('gantry', i)

@@ -257,11 +257,31 @@ pub(super) fn limit(
     v2_dir: Option<&Path>,
     resources: &LinuxResources,
 ) -> Result<(), CgroupError> {
+    let (rest, rules) = split_devices(resources);
+    apply(m, path, &rest)?;
+    devices(path, v2_dir, &rules)
+}
+
+/// [`limit`] for a scope systemd started (`dir`): unit properties only where there are limits
+/// besides devices (libcgroups' manager costs a D-Bus connection), the device filter always.
+pub(super) fn limit_scope(path: &Path, dir: &Path, resources: &LinuxResources) -> Result<(), CgroupError> {
+    let (rest, rules) = split_devices(resources);
+    if rest != LinuxResources::default() {
+        apply(&manager(path)?, path, &rest)?;
+    }
+    devices(path, Some(dir), &rules)
+}
+
+fn split_devices(resources: &LinuxResources) -> (LinuxResources, Vec<LinuxDeviceCgroup>) {
     let mut rest = resources.clone();
     let rules = rest.devices().clone().unwrap_or_default();
     rest.set_devices(None);
+    (rest, rules)
+}
+
+fn apply(m: &AnyCgroupManager, path: &Path, rest: &LinuxResources) -> Result<(), CgroupError> {
     let opt = ControllerOpt {
-        resources: &rest,
+        resources: rest,
         disable_oom_killer: rest
             .memory()
             .as_ref()
@@ -270,15 +290,18 @@ pub(super) fn limit(
         oom_score_adj: None,
         freezer_state: None,
     };
-    m.apply(&opt).map_err(|e| err(path, e))?;
+    m.apply(&opt).map_err(|e| err(path, e))
+}
+
+fn devices(path: &Path, v2_dir: Option<&Path>, rules: &[LinuxDeviceCgroup]) -> Result<(), CgroupError> {
     if let Some(dir) = v2_dir {
         // No devices files on v2: the same rules as an eBPF program, as runc attaches one.
-        let (allow_all, exceptions) = fold_devices(&rules);
+        let (allow_all, exceptions) = fold_devices(rules);
         let program = super::devfilter::program(allow_all, &exceptions).map_err(|e| err(path, e))?;
         return super::devfilter::attach(dir, &program).map_err(|e| err(dir, format!("device filter: {e}")));
     }
     if !rules.is_empty() {
-        write_devices(path, &rules)?;
+        write_devices(path, rules)?;
     }
     Ok(())
 }

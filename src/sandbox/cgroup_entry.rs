@@ -34,7 +34,13 @@ pub fn join_self(path: &Path, resources: &LinuxResources) -> Result<Entry, Cgrou
     let pid = std::process::id() as i32;
     // systemd driver (v2 hosts): systemd starts the scope with this process in it, as runc's
     // driver has it do; the child inherits it.
-    if !single_threaded() || cgroup::systemd_unit(path).is_some() {
+    if let Some(unit) = cgroup::systemd_unit(path).filter(|_| single_threaded()) {
+        let slice = path.to_str().and_then(|p| p.split(':').next()).unwrap_or_default();
+        let dir = super::systemd::start_scope(&unit, slice, pid as u32, SCOPE_TIMEOUT)?;
+        cgroup::limit_scope(path, &dir, resources)?;
+        return Ok(Entry::Inherited);
+    }
+    if !single_threaded() {
         cgroup::join(path, resources, pid)?;
         return Ok(Entry::Inherited);
     }
@@ -84,6 +90,9 @@ fn fork_into(dir: PathBuf) -> Result<Entry, CgroupError> {
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     Ok(Entry::ForkInto { dir, fd })
 }
+
+/// How long systemd may take to start a scope and move the init into it.
+const SCOPE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The v1 controllers libcgroups' manager joins, as runc's cgroupfs manager does.
 const CONTROLLERS: &[&str] = &[

@@ -129,6 +129,9 @@ impl Driver {
             true if !libcgroups::systemd::booted() => {
                 Driver::SystemdUnusable("the systemd cgroup driver without systemd running")
             }
+            true if super::systemd::system_bus().is_none() => {
+                Driver::SystemdUnusable("the systemd cgroup driver without a D-Bus system bus")
+            }
             true => Driver::Systemd,
         }
     }

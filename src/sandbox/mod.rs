@@ -34,6 +34,7 @@ pub mod init;
 mod rootfs;
 pub mod runtime;
 mod seccomp;
+mod systemd;
 
 pub use check::{check, is_pause, is_sandbox, Fallback};
 pub use runtime::FastSandbox;
