@@ -62,7 +62,14 @@ pub fn start_scope(unit: &SystemdUnit, slice: &str, pid: u32, timeout: Duration)
     out.extend(hello.message(1, |_| {}));
     out.extend(start.message(2, |w| scope_request(w, unit, slice, pid)));
     conn.write_all(&out).map_err(|e| fail(format!("send: {e}")))?;
+    let until = Instant::now() + timeout;
     loop {
+        if Instant::now() > until {
+            return Err(fail(format!(
+                "no answer to StartTransientUnit {} in {timeout:?}",
+                unit.scope
+            )));
+        }
         let reply = read_message(&mut conn).map_err(|e| fail(format!("read: {e}")))?;
         if reply.reply_serial != Some(2) {
             continue;
