@@ -75,6 +75,16 @@ impl SystemdHost {
         host
     }
 
+    /// `systemctl show UNIT -p PROPERTY` on this manager.
+    fn show(&self, unit: &str, property: &str) -> String {
+        let o = run(Command::new("nsenter")
+            .arg("-t")
+            .arg(self.holder.id().to_string())
+            .args(["-m", "--", "systemctl", "--user", "show", unit, "-p", property])
+            .env("XDG_RUNTIME_DIR", self.dir.join("xdg")));
+        text(&o)
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("systemd.log")).unwrap_or_default()
     }
@@ -155,10 +165,13 @@ fn unified_dir(pid: u32) -> PathBuf {
     Path::new("/sys/fs/cgroup/unified").join(path.trim_start_matches('/'))
 }
 
+/// The systemd driver's `cgroupsPath`, and the unit property CRI-O gives every infra container
+/// under that driver.
 fn set_cgroups_path(b: &CrioBundle, path: &str) {
     let file = b.dir.join("config.json");
     let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     spec["linux"]["cgroupsPath"] = path.into();
+    spec["annotations"]["org.systemd.property.CollectMode"] = "'inactive-or-failed'".into();
     std::fs::write(&file, serde_json::to_vec(&spec).unwrap()).unwrap();
 }
 
@@ -215,6 +228,19 @@ async fn fast_path_with_the_systemd_driver_matches_runc() {
         assert!(a["devices"].contains(want), "{want}: {}", a["devices"]);
     }
     let scopes = [unified_dir(fast_pid), unified_dir(runc_pid)];
+    // The scopes' unit properties, as systemd reports them: the same, CRI-O's CollectMode
+    // included.
+    for property in ["CollectMode", "Delegate", "TasksAccounting", "Slice"] {
+        let (f, r) = (
+            host.show("crio-pf3.scope", property),
+            host.show("crio-pr3.scope", property),
+        );
+        assert_eq!(f, r, "{property}");
+        assert!(f.contains(&format!("stdout={property}=")), "{f}");
+    }
+    assert!(host
+        .show("crio-pf3.scope", "CollectMode")
+        .contains("=inactive-or-failed"));
     // Pause and Resume freeze the scope systemd made; State reports the pause process.
     let state = fast_client
         .state(

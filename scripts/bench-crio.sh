@@ -28,6 +28,7 @@
 # cgroup of its own, answers on the system bus path through its own D-Bus daemon. With the
 # controllers bound to v1 here that view has none, so neither handler applies limits.
 set -euo pipefail
+self=$(realpath "$0")
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 export LC_ALL=C
@@ -55,35 +56,39 @@ case "$cgm" in cgroupfs | systemd) ;; *) echo "bench-crio.sh: --cgroup-manager c
 
 # systemd driver without a systemd host: re-run inside a namespace that is one (see the header).
 if [ "$cgm" = systemd ] && [ ! -d /run/systemd/system ] && [ -z "${GANTRY_BENCH_SYSTEMD_NS:-}" ]; then
-  command -v systemctl >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd dbus >/dev/null; }
+  if ! command -v systemctl >/dev/null || ! dpkg -s dbus-user-session >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd dbus dbus-user-session >/dev/null
+  fi
   rt=$(mktemp -d /tmp/gantry-crio-systemd.XXXXXX)
   export GANTRY_BENCH_SYSTEMD_NS=$rt
   # shellcheck disable=SC2016 # expanded by the inner shell
   exec unshare -m --propagation private bash -c '
-    set -e
-    rt=$GANTRY_BENCH_SYSTEMD_NS cg=/sys/fs/cgroup/${GANTRY_BENCH_SYSTEMD_NS##*/}
+    rt=$GANTRY_BENCH_SYSTEMD_NS cg=/sys/fs/cgroup/${GANTRY_BENCH_SYSTEMD_NS##*/} sd="" rc=1
     mount -t cgroup2 none /sys/fs/cgroup
     mkdir -p "$cg" && echo $$ >"$cg/cgroup.procs"
-    mount -t tmpfs tmpfs /run/systemd && mkdir -p /run/systemd/system
-    mount -t tmpfs tmpfs "$rt"
-    XDG_RUNTIME_DIR=$rt /lib/systemd/systemd --user >/dev/null 2>&1 &
-    sd=$!
-    for _ in $(seq 200); do [ -S "$rt/systemd/private" ] && break; sleep 0.05; done
-    XDG_RUNTIME_DIR=$rt timeout 20 systemctl --user is-system-running --wait >/dev/null || true
-    for _ in $(seq 200); do [ -S "$rt/bus" ] && break; sleep 0.05; done
-    mkdir -p /run/dbus && mount -t tmpfs tmpfs /run/dbus
-    touch /run/dbus/system_bus_socket && mount --bind "$rt/bus" /run/dbus/system_bus_socket
-    set +e
-    "$0" "$@"; rc=$?
+    if mkdir -p /run/systemd && mount -t tmpfs tmpfs /run/systemd && mkdir -p /run/systemd/system &&
+      mount -t tmpfs tmpfs "$rt"; then
+      XDG_RUNTIME_DIR=$rt /lib/systemd/systemd --user >/dev/null 2>&1 &
+      sd=$!
+      for _ in $(seq 200); do [ -S "$rt/systemd/private" ] && break; sleep 0.05; done
+      XDG_RUNTIME_DIR=$rt timeout 20 systemctl --user is-system-running --wait >/dev/null
+      for _ in $(seq 200); do [ -S "$rt/bus" ] && break; sleep 0.05; done
+    fi
+    if [ -S "$rt/bus" ] && mkdir -p /run/dbus && mount -t tmpfs tmpfs /run/dbus &&
+      touch /run/dbus/system_bus_socket && mount --bind "$rt/bus" /run/dbus/system_bus_socket; then
+      "$0" "$@"; rc=$?
+    else
+      echo "bench-crio.sh: could not start a systemd manager with a D-Bus (dbus-user-session)" >&2
+    fi
     echo $$ >/sys/fs/cgroup/cgroup.procs # out of the tree systemd manages, before that is emptied
-    kill "$sd"
+    [ -n "$sd" ] && kill "$sd"
     for _ in $(seq 50); do kill -0 "$sd" 2>/dev/null || break; sleep 0.1; done
     find "$cg" -name cgroup.procs -exec cat {} + | xargs -r kill -9 2>/dev/null
-    wait "$sd"
+    [ -n "$sd" ] && wait "$sd"
     for _ in $(seq 50); do [ -z "$(find "$cg" -name cgroup.procs -exec cat {} +)" ] && break; sleep 0.1; done
     for _ in $(seq 50); do find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null; [ -d "$cg" ] || break; sleep 0.1; done
     umount -l "$rt"; rmdir "$rt"
-    exit $rc' "$0" "${args[@]}"
+    exit $rc' "$self" "${args[@]}"
 fi
 
 missing=()

@@ -19,6 +19,8 @@ fi
 dpkg -s libseccomp-dev >/dev/null 2>&1 || need+=(libseccomp-dev)
 # systemd's manager binary (not as PID 1): the sandbox tests' systemd cgroup driver runs one.
 [ -x /lib/systemd/systemd ] || need+=(systemd)
+# ... and the user D-Bus it socket-activates (the test binds it where the system bus lives).
+dpkg -s dbus-user-session >/dev/null 2>&1 || need+=(dbus-user-session)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"

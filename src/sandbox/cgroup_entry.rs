@@ -15,6 +15,7 @@ use nix::unistd::{ForkResult, Pid};
 use oci_spec::runtime::LinuxResources;
 
 use super::cgroup::{self, err, CgroupError};
+use super::systemd::Property;
 
 /// How the init's child is to enter the unified (cgroup2) hierarchy.
 pub enum Entry {
@@ -30,13 +31,17 @@ pub enum Entry {
 /// left to [`fork`]; with threads (not the init's case) through `cgroup.procs` as
 /// [`cgroup::join`] does. A new cgroup namespace is the child's to create, once it is in every
 /// cgroup (as runc unshares it last).
-pub fn join_self(path: &Path, resources: &LinuxResources) -> Result<Entry, CgroupError> {
+pub fn join_self(
+    path: &Path,
+    resources: &LinuxResources,
+    unit_properties: &[(String, Property)],
+) -> Result<Entry, CgroupError> {
     let pid = std::process::id() as i32;
     // systemd driver (v2 hosts): systemd starts the scope with this process in it, as runc's
     // driver has it do; the child inherits it.
     if let Some(unit) = cgroup::systemd_unit(path).filter(|_| single_threaded()) {
         let slice = path.to_str().and_then(|p| p.split(':').next()).unwrap_or_default();
-        let dir = super::systemd::start_scope(&unit, slice, pid as u32, SCOPE_TIMEOUT)?;
+        let dir = super::systemd::start_scope(&unit, slice, pid as u32, unit_properties, SCOPE_TIMEOUT)?;
         cgroup::limit_scope(path, &dir, resources)?;
         return Ok(Entry::Inherited);
     }

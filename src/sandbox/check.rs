@@ -129,6 +129,10 @@ impl Driver {
             true if !libcgroups::systemd::booted() => {
                 Driver::SystemdUnusable("the systemd cgroup driver without systemd running")
             }
+            // The init's D-Bus reader takes little-endian messages only.
+            true if cfg!(target_endian = "big") => {
+                Driver::SystemdUnusable("the systemd cgroup driver on a big-endian host")
+            }
             true if super::systemd::system_bus().is_none() => {
                 Driver::SystemdUnusable("the systemd cgroup driver without a D-Bus system bus")
             }
@@ -191,6 +195,14 @@ fn check_cgroups_path(doc: &Value, driver: Driver) -> Result<(), Fallback> {
             return fallback(format!(
                 "cgroupsPath {cgroups_path:?} is not a systemd slice:prefix:name path"
             ));
+        }
+        // Unit properties from annotations, as runc sends them with the scope.
+        let annotations: HashMap<String, String> = doc
+            .get("annotations")
+            .and_then(|a| serde_json::from_value(a.clone()).ok())
+            .unwrap_or_default();
+        if let Err(key) = super::systemd::annotation_properties(&annotations) {
+            return fallback(format!("annotation {key} is not a unit property the fast path sends"));
         }
         return Ok(());
     }

@@ -114,6 +114,20 @@ fn the_systemd_driver_takes_slice_prefix_name_paths_where_the_host_allows_it() {
             "{bad}"
         );
     }
+    // CRI-O's CollectMode annotation is sent with the scope; a form runc reads that the fast
+    // path does not write goes to runc.
+    let with_annotation = |key: &str, value: &str| {
+        let mut doc = pause_spec();
+        doc["linux"]["cgroupsPath"] = json!("kubepods-pod1.slice:crio:abc");
+        doc["annotations"][key] = json!(value);
+        check_with(&doc, Driver::Systemd, no).err().map(|f| f.0)
+    };
+    assert_eq!(
+        with_annotation("org.systemd.property.CollectMode", "'inactive-or-failed'"),
+        None
+    );
+    assert!(with_annotation("org.systemd.property.CPUWeight", "@t 100").is_some_and(|r| r.contains("CPUWeight")));
+    assert!(with_annotation("org.systemd.property.Bad-Name", "true").is_some());
     let unit = super::super::cgroup::systemd_unit(std::path::Path::new("kubepods-pod1.slice:crio:abc")).unwrap();
     assert_eq!((unit.name.as_str(), unit.scope.as_str()), ("abc", "crio-abc.scope"));
 }

@@ -80,7 +80,11 @@ fn run(args: &[String], sync: &mut File) -> Result<(), InitError> {
         .collect();
     let resources = cgroup::effective_resources(linux.resources().as_ref(), &nodes);
     let path = linux.cgroups_path().clone().unwrap_or_default();
-    let entry = cgroup_entry::join_self(&path, &resources).map_err(|e| fail(e.to_string()))?;
+    // runc's systemd driver sends these with the scope; cgroupfs ignores them.
+    let annotations = l.spec.annotations().clone().unwrap_or_default();
+    let unit_properties = super::systemd::annotation_properties(&annotations)
+        .map_err(|key| fail(format!("annotation {key}: not a unit property the fast path sends")))?;
+    let entry = cgroup_entry::join_self(&path, &resources, &unit_properties).map_err(|e| fail(e.to_string()))?;
     if let Some(adj) = l.spec.process().as_ref().and_then(|p| p.oom_score_adj()) {
         std::fs::write("/proc/self/oom_score_adj", adj.to_string())
             .map_err(|e| fail(format!("set oomScoreAdj {adj}: {e}")))?;

@@ -149,6 +149,10 @@ impl FastSandbox {
         cmd.stdout(stdio.stdout.map(Stdio::from).unwrap_or_else(Stdio::null));
         cmd.stderr(stdio.stderr.map(Stdio::from).unwrap_or_else(Stdio::null));
         cmd.env_clear().process_group(0);
+        // The bus the daemon's checks found is the one the init's systemd calls use.
+        if let Some(bus) = std::env::var_os("DBUS_SYSTEM_BUS_ADDRESS") {
+            cmd.env("DBUS_SYSTEM_BUS_ADDRESS", bus);
+        }
         // SAFETY: only dup2 (async-signal-safe) between fork and exec; it clears close-on-exec.
         unsafe {
             cmd.pre_exec(move || {

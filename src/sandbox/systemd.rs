@@ -16,7 +16,75 @@ use std::time::{Duration, Instant};
 
 use super::cgroup::{err, CgroupError, SystemdUnit};
 
+/// A unit property given as an `org.systemd.property.<Name>` annotation, in the GVariant text
+/// forms runc reads and CRI-O writes (`'inactive-or-failed'`, `uint64 30000000`, `true`,
+/// `['crio.service']`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Property {
+    Text(String),
+    Flag(bool),
+    Number(u64),
+    Texts(Vec<String>),
+}
+
+/// The annotation prefix runc turns into unit properties.
+pub const PROPERTY_ANNOTATION: &str = "org.systemd.property.";
+
+/// `value` in one of the forms [`Property`] takes; `None` for anything else (the fast path then
+/// leaves the container to runc, which reads every GVariant form).
+pub fn parse_property(value: &str) -> Option<Property> {
+    let quoted = |s: &str| {
+        let inner = s.strip_prefix('\'')?.strip_suffix('\'')?;
+        (!inner.contains(['\'', '\\'])).then(|| inner.to_string())
+    };
+    let v = value.trim();
+    match v {
+        "true" => return Some(Property::Flag(true)),
+        "false" => return Some(Property::Flag(false)),
+        _ => {}
+    }
+    if let Some(n) = v.strip_prefix("uint64 ") {
+        return n.trim().parse().ok().map(Property::Number);
+    }
+    if let Some(list) = v.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+        if list.trim().is_empty() {
+            return None;
+        }
+        return list
+            .split(',')
+            .map(|e| quoted(e.trim()))
+            .collect::<Option<Vec<_>>>()
+            .map(Property::Texts);
+    }
+    quoted(v).map(Property::Text)
+}
+
+/// A property name runc would pass on: letters only (`CollectMode`, `TimeoutStopUSec`).
+pub fn property_name_ok(name: &str) -> bool {
+    !name.is_empty() && name.len() < 64 && name.bytes().all(|b| b.is_ascii_alphabetic())
+}
+
+/// The spec's `org.systemd.property.*` annotations as unit properties, by name; `Err` names the
+/// first one this module does not send as runc would.
+pub fn annotation_properties<'a>(
+    annotations: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Result<Vec<(String, Property)>, String> {
+    let mut out = Vec::new();
+    for (key, value) in annotations {
+        let Some(name) = key.strip_prefix(PROPERTY_ANNOTATION) else {
+            continue;
+        };
+        match parse_property(value) {
+            Some(p) if property_name_ok(name) => out.push((name.to_string(), p)),
+            _ => return Err(key.clone()),
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
 /// Where the system bus listens: `DBUS_SYSTEM_BUS_ADDRESS` (`unix:path=...`) or the default.
+/// The daemon passes its `DBUS_SYSTEM_BUS_ADDRESS` on to the init, so both see the same bus.
 pub fn system_bus() -> Option<PathBuf> {
     let from_env = std::env::var("DBUS_SYSTEM_BUS_ADDRESS").ok().and_then(|a| {
         a.split(';').find_map(|one| {
@@ -30,11 +98,23 @@ pub fn system_bus() -> Option<PathBuf> {
 
 /// Starts `unit`'s scope in `slice` with `pid` in it and waits until the pid is there; returns
 /// the scope's cgroup2 directory.
-pub fn start_scope(unit: &SystemdUnit, slice: &str, pid: u32, timeout: Duration) -> Result<PathBuf, CgroupError> {
+pub fn start_scope(
+    unit: &SystemdUnit,
+    slice: &str,
+    pid: u32,
+    extra: &[(String, Property)],
+    timeout: Duration,
+) -> Result<PathBuf, CgroupError> {
+    let until = Instant::now() + timeout;
     let bus = system_bus().ok_or_else(|| err(Path::new("/run/dbus/system_bus_socket"), "no system D-Bus socket"))?;
     let fail = |why: String| err(&bus, why);
     let mut conn = UnixStream::connect(&bus).map_err(|e| fail(format!("connect: {e}")))?;
-    conn.set_read_timeout(Some(timeout)).map_err(|e| fail(e.to_string()))?;
+    // Every read waits at most until the one deadline.
+    let left = |conn: &UnixStream| {
+        let rest = until.saturating_duration_since(Instant::now());
+        conn.set_read_timeout(Some(rest.max(Duration::from_millis(1))))
+    };
+    left(&conn).map_err(|e| fail(e.to_string()))?;
     let uid = nix::unistd::getuid().as_raw().to_string();
     let hex: String = uid.bytes().map(|b| format!("{b:02x}")).collect();
     conn.write_all(format!("\0AUTH EXTERNAL {hex}\r\n").as_bytes())
@@ -60,9 +140,8 @@ pub fn start_scope(unit: &SystemdUnit, slice: &str, pid: u32, timeout: Duration)
     let slice = if slice.is_empty() { "system.slice" } else { slice };
     let mut out = b"BEGIN\r\n".to_vec();
     out.extend(hello.message(1, |_| {}));
-    out.extend(start.message(2, |w| scope_request(w, unit, slice, pid)));
+    out.extend(start.message(2, |w| scope_request(w, unit, slice, pid, extra)));
     conn.write_all(&out).map_err(|e| fail(format!("send: {e}")))?;
-    let until = Instant::now() + timeout;
     loop {
         if Instant::now() > until {
             return Err(fail(format!(
@@ -70,6 +149,7 @@ pub fn start_scope(unit: &SystemdUnit, slice: &str, pid: u32, timeout: Duration)
                 unit.scope
             )));
         }
+        left(&conn).map_err(|e| fail(e.to_string()))?;
         let reply = read_message(&mut conn).map_err(|e| fail(format!("read: {e}")))?;
         if reply.reply_serial != Some(2) {
             continue;
@@ -82,11 +162,11 @@ pub fn start_scope(unit: &SystemdUnit, slice: &str, pid: u32, timeout: Duration)
         }
         break;
     }
-    wait_in_scope(pid, &unit.scope, timeout).map_err(|why| err(Path::new(&format!("/proc/{pid}/cgroup")), why))
+    wait_in_scope(pid, &unit.scope, until).map_err(|why| err(Path::new(&format!("/proc/{pid}/cgroup")), why))
 }
 
 /// The request's body: runc's properties for a container scope.
-fn scope_request(w: &mut Writer, unit: &SystemdUnit, slice: &str, pid: u32) {
+fn scope_request(w: &mut Writer, unit: &SystemdUnit, slice: &str, pid: u32, extra: &[(String, Property)]) {
     w.string(&unit.scope);
     w.string("replace");
     w.array(8, |w| {
@@ -107,26 +187,43 @@ fn scope_request(w: &mut Writer, unit: &SystemdUnit, slice: &str, pid: u32) {
         prop(w, "PIDs", &|w: &mut Writer| {
             w.variant("au", &|w: &mut Writer| w.array(4, |w| w.u32(pid)))
         });
+        // The spec's own, after runc's (as runc appends them).
+        for (name, value) in extra {
+            prop(w, name, &|w: &mut Writer| match value {
+                Property::Text(t) => w.variant("s", &|w: &mut Writer| w.string(t)),
+                Property::Flag(f) => w.variant("b", &|w: &mut Writer| w.u32(*f as u32)),
+                Property::Number(n) => w.variant("t", &|w: &mut Writer| w.u64(*n)),
+                Property::Texts(list) => w.variant("as", &|w: &mut Writer| {
+                    w.array(4, |w| list.iter().for_each(|t| w.string(t)))
+                }),
+            });
+        }
     });
     w.array(8, |_| {});
 }
 
-/// Polls `/proc/<pid>/cgroup` until its cgroup2 path ends in the scope.
-fn wait_in_scope(pid: u32, scope: &str, timeout: Duration) -> Result<PathBuf, String> {
+/// Polls `/proc/<pid>/cgroup` until its cgroup2 path ends in the scope (100 µs at first,
+/// backing off to 5 ms).
+fn wait_in_scope(pid: u32, scope: &str, until: Instant) -> Result<PathBuf, String> {
     let file = format!("/proc/{pid}/cgroup");
     let suffix = format!("/{scope}");
-    let until = Instant::now() + timeout;
+    let mut pause = Duration::from_micros(100);
     loop {
         let text = std::fs::read_to_string(&file).map_err(|e| e.to_string())?;
         if let Some(path) = text.lines().find_map(|l| l.strip_prefix("0::")) {
             if path.ends_with(&suffix) {
+                // Seen from a cgroup namespace a path may climb (`/../x`): not one to join.
+                if path.split('/').any(|c| c == "..") {
+                    return Err(format!("cgroup path {path} is outside this namespace's root"));
+                }
                 return Ok(Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')));
             }
         }
         if Instant::now() > until {
             return Err(format!("systemd did not move it into {scope}"));
         }
-        std::thread::sleep(Duration::from_micros(100));
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(5));
     }
 }
 
@@ -194,6 +291,10 @@ impl Writer {
         self.align(4);
         self.buf.extend(v.to_le_bytes());
     }
+    fn u64(&mut self, v: u64) {
+        self.align(8);
+        self.buf.extend(v.to_le_bytes());
+    }
     fn string(&mut self, s: &str) {
         self.u32(s.len() as u32);
         self.buf.extend(s.as_bytes());
@@ -259,8 +360,9 @@ fn parse(msg: &[u8], body_at: usize, is_error: bool) -> Option<Reply> {
     let string_at = |at: usize| -> Option<(String, usize)> {
         let at = at.div_ceil(4) * 4;
         let len = u32_at(at)? as usize;
-        let s = msg.get(at + 4..at + 4 + len)?;
-        Some((String::from_utf8_lossy(s).into_owned(), at + 4 + len + 1))
+        let end = at.checked_add(4)?.checked_add(len)?;
+        let s = msg.get(at + 4..end)?;
+        Some((String::from_utf8_lossy(s).into_owned(), end + 1))
     };
     let fields_end = 16 + u32_at(12)? as usize;
     let mut reply = Reply::default();
@@ -287,7 +389,9 @@ fn parse(msg: &[u8], body_at: usize, is_error: bool) -> Option<Reply> {
                 at = next;
             }
             b"g" => at += 1 + *msg.get(at)? as usize + 1,
-            _ => return None,
+            // A field of a type this reader does not size (none in the spec today): the
+            // standard ones seen so far are what there is.
+            _ => break,
         }
     }
     if is_error {
@@ -331,7 +435,7 @@ mod tests {
     #[test]
     fn the_scope_request_holds_runcs_properties_and_the_pid() {
         let mut w = Writer::default();
-        scope_request(&mut w, &unit(), "kubepods-pod1.slice", 4242);
+        scope_request(&mut w, &unit(), "kubepods-pod1.slice", 4242, &[]);
         let body = String::from_utf8_lossy(&w.buf).into_owned();
         for want in [
             "crio-abc.scope",
@@ -352,6 +456,46 @@ mod tests {
         let rest = &w.buf[at + 8..];
         assert!(rest.len() >= 4 && rest.iter().all(|b| *b == 0), "{rest:?}");
         assert_eq!(w.buf.len() % 8, 0);
+    }
+
+    #[test]
+    fn property_annotations_in_the_forms_cri_o_writes() {
+        assert_eq!(
+            parse_property("'inactive-or-failed'"),
+            Some(Property::Text("inactive-or-failed".into()))
+        );
+        assert_eq!(parse_property("uint64 30000000"), Some(Property::Number(30_000_000)));
+        assert_eq!(parse_property("true"), Some(Property::Flag(true)));
+        assert_eq!(
+            parse_property("['crio.service', 'x.target']"),
+            Some(Property::Texts(vec!["crio.service".into(), "x.target".into()]))
+        );
+        for other in [
+            "inactive",
+            "'a'b'",
+            "uint32 5",
+            "uint64 -1",
+            "[]",
+            "['a', b]",
+            "@as []",
+            "'\\x'",
+        ] {
+            assert_eq!(parse_property(other), None, "{other}");
+        }
+        assert!(property_name_ok("CollectMode") && !property_name_ok("Collect.Mode") && !property_name_ok(""));
+        // Marshalled after runc's own, each as its type.
+        let extra = [
+            ("CollectMode".to_string(), Property::Text("inactive-or-failed".into())),
+            ("TimeoutStopUSec".to_string(), Property::Number(7)),
+        ];
+        let mut w = Writer::default();
+        scope_request(&mut w, &unit(), "", 1, &extra);
+        let at = w.buf.windows(15).position(|x| x == b"TimeoutStopUSec").unwrap();
+        let sig = at + 16;
+        assert_eq!(&w.buf[sig..sig + 3], b"\x01t\x00");
+        let value = (sig + 3).div_ceil(8) * 8;
+        assert_eq!(&w.buf[value..value + 8], &7u64.to_le_bytes());
+        assert!(String::from_utf8_lossy(&w.buf).contains("inactive-or-failed"));
     }
 
     #[test]
