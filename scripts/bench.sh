@@ -150,7 +150,7 @@ cleanup() {
     a=${a#unix://}
     [ -S "$a" ] && rm -f "$a"
   done
-  for n in "$ns" "$ns-drv" "$ns-sec"; do
+  for n in "$ns" "$ns-drv" "$ns-sec" "$ns-pod"; do
     for r in "/run/containerd/runc/$n" "$work/rt/$n"; do
       for rt in runc crun; do
         [ -d "$r" ] || continue
@@ -160,7 +160,9 @@ cleanup() {
     rm -rf "/run/containerd/runc/$n"
   done
   grep " $work" /proc/self/mountinfo | awk '{print $5}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
-  for n in "$ns" "$ns-drv" "$ns-sec"; do
+  # The pod phase's namespace too: its per-namespace parent cgroup is the runtime's to make and
+  # nobody's to remove.
+  for n in "$ns" "$ns-drv" "$ns-sec" "$ns-pod"; do
     find /sys/fs/cgroup/*/"$n" -depth -type d -exec rmdir {} \; 2>/dev/null
   done
   if [ -n "${GANTRY_BENCH_KEEP:-}" ]; then echo "bench.sh: kept $work"; else rm -rf "$work"; fi
