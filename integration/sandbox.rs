@@ -213,9 +213,8 @@ async fn start_pause(ns: &Ns, b: &CrioBundle) -> (containerd_shim_protos::shim_a
 /// `start` as CRI-O runs it, in a mount namespace of its own where /sys/fs/cgroup is the
 /// cgroup2 hierarchy: the daemon it leaves, and the runc it runs, see a cgroup v2 host.
 fn v2_start(ns: &Ns, b: &CrioBundle) -> std::process::Output {
-    let cmd = crate::common::crio_start_cmd(ns, &b.dir, &b.id);
-    let mut w = Command::new("unshare");
-    w.args([
+    let mut unshare = Command::new("unshare");
+    unshare.args([
         "-m",
         "--propagation",
         "private",
@@ -223,17 +222,42 @@ fn v2_start(ns: &Ns, b: &CrioBundle) -> std::process::Output {
         "-c",
         "mount -t cgroup2 none /sys/fs/cgroup && exec \"$@\"",
         "sh",
-    ])
-    .arg(cmd.get_program())
-    .args(cmd.get_args())
-    .current_dir(&b.dir)
-    .stdin(std::process::Stdio::null());
+    ]);
+    start_through(unshare, ns, b)
+}
+
+/// `start` as CRI-O runs it (program, arguments, environment, bundle as working directory),
+/// appended to `wrapper`, a command that runs it somewhere else.
+fn start_through(mut wrapper: Command, ns: &Ns, b: &CrioBundle) -> std::process::Output {
+    let cmd = crate::common::crio_start_cmd(ns, &b.dir, &b.id);
+    wrapper
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .current_dir(&b.dir)
+        .stdin(std::process::Stdio::null());
     for (k, v) in cmd.get_envs() {
         if let Some(v) = v {
-            w.env(k, v);
+            wrapper.env(k, v);
         }
     }
-    run(&mut w)
+    run(&mut wrapper)
+}
+
+/// Asserts two observations of pause containers are the same, naming every field that is not.
+fn assert_same(what: &str, a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) {
+    let differences: Vec<String> = a
+        .keys()
+        .chain(b.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| format!("{k}:\n  fast path: {:?}\n  runc:      {:?}", a.get(k), b.get(k)))
+        .collect();
+    assert!(
+        differences.is_empty(),
+        "{what}: differences:\n{}",
+        differences.join("\n")
+    );
 }
 
 async fn run_pause(o: std::process::Output, b: &CrioBundle) -> (containerd_shim_protos::shim_async::TaskClient, u32) {
@@ -285,24 +309,10 @@ async fn compare_with_runc(variant: &str, patch: fn(&mut serde_json::Value)) -> 
             .collect()
     };
     let (a, b) = (seen(fast_pid, "pf1", &fast_ns), seen(runc_pid, "pr1", &runc_ns));
-    let mut differences = Vec::new();
-    for key in a.keys().chain(b.keys()).collect::<std::collections::BTreeSet<_>>() {
-        if a.get(key) != b.get(key) {
-            differences.push(format!(
-                "{key}:\n  fast path: {:?}\n  runc:      {:?}",
-                a.get(key),
-                b.get(key)
-            ));
-        }
-    }
     if std::env::var_os("GANTRY_SHOW_OBSERVED").is_some() {
         eprintln!("{a:#?}");
     }
-    assert!(
-        differences.is_empty(),
-        "{variant}: differences:\n{}",
-        differences.join("\n")
-    );
+    assert_same(variant, &a, &b);
 
     for (client, id) in [(fast_client, "pf1"), (runc_client, "pr1")] {
         let kill = KillRequest {
@@ -696,15 +706,7 @@ async fn fast_path_on_cgroup_v2_matches_runc() {
         m.into_iter().map(|(k, v)| (k, v.replace(&ns.name, "NS"))).collect()
     };
     let (a, b) = (seen(fast_pid, "pf2", &fast_ns), seen(runc_pid, "pr2", &runc_ns));
-    let differences: Vec<String> = a
-        .keys()
-        .chain(b.keys())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .filter(|k| a.get(*k) != b.get(*k))
-        .map(|k| format!("{k}:\n  fast path: {:?}\n  runc:      {:?}", a.get(k), b.get(k)))
-        .collect();
-    assert!(differences.is_empty(), "differences:\n{}", differences.join("\n"));
+    assert_same("cgroup v2", &a, &b);
     assert!(a["cgroup"].contains("0::/NS/ID\n"), "{}", a["cgroup"]);
     assert!(rooted_at_container(&a["cgroup.in_ns"]), "{}", a["cgroup.in_ns"]);
     assert_eq!(a["ns.cgroup"], "own");

@@ -91,23 +91,14 @@ impl SystemdHost {
 
     /// `start` as CRI-O runs it, inside this namespace.
     fn crio_start(&self, ns: &Ns, b: &CrioBundle) -> std::process::Output {
-        let cmd = crate::common::crio_start_cmd(ns, &b.dir, &b.id);
-        let mut w = Command::new("nsenter");
-        w.arg("-t")
+        let mut nsenter = Command::new("nsenter");
+        nsenter
+            .arg("-t")
             .arg(self.holder.id().to_string())
             .arg("-m")
             .arg(format!("--wd={}", b.dir.display()))
-            .arg("--")
-            .arg(cmd.get_program())
-            .args(cmd.get_args())
-            .current_dir(&b.dir)
-            .stdin(Stdio::null());
-        for (k, v) in cmd.get_envs() {
-            if let Some(v) = v {
-                w.env(k, v);
-            }
-        }
-        run(&mut w)
+            .arg("--");
+        start_through(nsenter, ns, b)
     }
 }
 
@@ -211,15 +202,7 @@ async fn fast_path_with_the_systemd_driver_matches_runc() {
         m.into_iter().map(|(k, v)| (k, v.replace(&ns.name, "NS"))).collect()
     };
     let (a, b) = (seen(fast_pid, "pf3", &fast_ns), seen(runc_pid, "pr3", &runc_ns));
-    let differences: Vec<String> = a
-        .keys()
-        .chain(b.keys())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .filter(|k| a.get(*k) != b.get(*k))
-        .map(|k| format!("{k}:\n  fast path: {:?}\n  runc:      {:?}", a.get(k), b.get(k)))
-        .collect();
-    assert!(differences.is_empty(), "differences:\n{}", differences.join("\n"));
+    assert_same("systemd driver", &a, &b);
     // Placed by systemd: the pod's slice expanded as systemd expands it, a scope per container.
     let want = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podsd.slice/crio-ID.scope\n";
     assert!(a["cgroup"].contains(want), "{}", a["cgroup"]);

@@ -70,10 +70,22 @@ pub fn systemd_unit(path: &Path) -> Option<SystemdUnit> {
 pub(super) fn v2_dir_of(pid: i32) -> Result<PathBuf, CgroupError> {
     let file = PathBuf::from(format!("/proc/{pid}/cgroup"));
     let text = std::fs::read_to_string(&file).map_err(|e| err(&file, e))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(|p| Path::new(V2_ROOT).join(relative(Path::new(p))))
-        .ok_or_else(|| err(&file, "no cgroup2 line"))
+    let path = unified_path(&text).ok_or_else(|| err(&file, "no cgroup2 line"))?;
+    under_v2_root(path).map_err(|why| err(&file, why))
+}
+
+/// The cgroup2 path in a `/proc/<pid>/cgroup` text (its `0::` line).
+pub(super) fn unified_path(text: &str) -> Option<&str> {
+    text.lines().find_map(|l| l.strip_prefix("0::"))
+}
+
+/// A cgroup2 path from `/proc` as a directory under the v2 mount. Seen from a cgroup namespace
+/// a path may climb (`/../x`): not one to join.
+pub(super) fn under_v2_root(path: &str) -> Result<PathBuf, String> {
+    if path.split('/').any(|c| c == "..") {
+        return Err(format!("cgroup path {path} is outside this namespace's root"));
+    }
+    Ok(Path::new(V2_ROOT).join(relative(Path::new(path))))
 }
 
 /// Where a unified (v2) host mounts its cgroups.
@@ -392,11 +404,13 @@ pub fn pids(path: &Path) -> Result<Vec<i32>, CgroupError> {
 /// Kills what is left in it and removes it from every hierarchy.
 pub fn remove(path: &Path) -> Result<(), CgroupError> {
     if systemd_unit(path).is_some() {
-        // Its processes first, so that stopping the scope finds nothing to wait for.
-        for pid in pids(path).unwrap_or_default() {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        // Its processes first, so that stopping the scope finds nothing to wait for; one
+        // manager (one D-Bus connection) for both.
+        let m = manager(path)?;
+        for pid in m.get_all_pids().unwrap_or_default() {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGKILL);
         }
-        return manager(path)?.remove().map_err(|e| err(path, e));
+        return m.remove().map_err(|e| err(path, e));
     }
     if host_is_v2() {
         if !v2_dir(path).exists() {

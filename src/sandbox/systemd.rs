@@ -14,7 +14,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::cgroup::{err, CgroupError, SystemdUnit};
+use super::cgroup::{self, err, CgroupError, SystemdUnit};
 
 /// A unit property given as an `org.systemd.property.<Name>` annotation, in the GVariant text
 /// forms runc reads and CRI-O writes (`'inactive-or-failed'`, `uint64 30000000`, `true`,
@@ -123,13 +123,6 @@ pub fn start_scope(
     if !line.starts_with("OK ") {
         return Err(fail(format!("auth refused: {}", line.trim())));
     }
-    let hello = Call {
-        destination: "org.freedesktop.DBus",
-        path: "/org/freedesktop/DBus",
-        interface: "org.freedesktop.DBus",
-        member: "Hello",
-        signature: "",
-    };
     let start = Call {
         destination: "org.freedesktop.systemd1",
         path: "/org/freedesktop/systemd1",
@@ -139,7 +132,7 @@ pub fn start_scope(
     };
     let slice = if slice.is_empty() { "system.slice" } else { slice };
     let mut out = b"BEGIN\r\n".to_vec();
-    out.extend(hello.message(1, |_| {}));
+    out.extend(Call::HELLO.message(1, |_| {}));
     out.extend(start.message(2, |w| scope_request(w, unit, slice, pid, extra)));
     conn.write_all(&out).map_err(|e| fail(format!("send: {e}")))?;
     loop {
@@ -210,14 +203,8 @@ fn wait_in_scope(pid: u32, scope: &str, until: Instant) -> Result<PathBuf, Strin
     let mut pause = Duration::from_micros(100);
     loop {
         let text = std::fs::read_to_string(&file).map_err(|e| e.to_string())?;
-        if let Some(path) = text.lines().find_map(|l| l.strip_prefix("0::")) {
-            if path.ends_with(&suffix) {
-                // Seen from a cgroup namespace a path may climb (`/../x`): not one to join.
-                if path.split('/').any(|c| c == "..") {
-                    return Err(format!("cgroup path {path} is outside this namespace's root"));
-                }
-                return Ok(Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')));
-            }
+        if let Some(path) = cgroup::unified_path(&text).filter(|p| p.ends_with(&suffix)) {
+            return cgroup::under_v2_root(path);
         }
         if Instant::now() > until {
             return Err(format!("systemd did not move it into {scope}"));
@@ -247,6 +234,15 @@ struct Call<'a> {
 }
 
 impl Call<'_> {
+    /// The bus daemon's `Hello`, a connection's first call.
+    const HELLO: Call<'static> = Call {
+        destination: "org.freedesktop.DBus",
+        path: "/org/freedesktop/DBus",
+        interface: "org.freedesktop.DBus",
+        member: "Hello",
+        signature: "",
+    };
+
     fn message(&self, serial: u32, body: impl FnOnce(&mut Writer)) -> Vec<u8> {
         let mut b = Writer::default();
         body(&mut b);
@@ -413,14 +409,7 @@ mod tests {
 
     #[test]
     fn a_call_is_marshalled_as_the_spec_lays_it_out() {
-        let hello = Call {
-            destination: "org.freedesktop.DBus",
-            path: "/org/freedesktop/DBus",
-            interface: "org.freedesktop.DBus",
-            member: "Hello",
-            signature: "",
-        };
-        let m = hello.message(7, |_| {});
+        let m = Call::HELLO.message(7, |_| {});
         assert_eq!(&m[..4], b"l\x01\x00\x01");
         assert_eq!(&m[4..12], &[0, 0, 0, 0, 7, 0, 0, 0]);
         assert_eq!(m.len() % 8, 0);
