@@ -277,7 +277,7 @@ fn host_is_v2() -> Result<bool, CgroupError> {
 }
 
 /// A cgroup filesystem mount from mountinfo.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct CgroupMount {
     /// The cgroup the mount shows at its mount point (not `/` inside a cgroup namespace).
     root: String,
@@ -299,29 +299,43 @@ impl CgroupMount {
     }
 }
 
+/// The cgroup mounts of `text` (a mountinfo) that can be seen: one that a later mount covers
+/// (on its mount point or above it, as a namespace that mounts cgroup2 over a hybrid host's
+/// `/sys/fs/cgroup` leaves the v1 and `unified` mounts in its table) is left out.
 fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
-    text.lines()
-        .filter_map(|line| {
-            // id parent maj:min root mount-point options [optional...] - fstype source super
-            let (left, right) = line.split_once(" - ")?;
-            let left: Vec<&str> = left.split(' ').collect();
-            let right: Vec<&str> = right.split(' ').collect();
-            let v2 = match *right.first()? {
-                "cgroup2" => true,
-                "cgroup" => false,
-                _ => return None,
-            };
-            Some(CgroupMount {
-                root: unescape_mount(left.get(3)?),
-                mount_point: PathBuf::from(unescape_mount(left.get(4)?)),
-                v2,
-                options: right
-                    .get(2)
-                    .map(|s| s.split(',').map(str::to_string).collect())
-                    .unwrap_or_default(),
-            })
+    let entries: Vec<(PathBuf, Option<CgroupMount>)> = text.lines().filter_map(mount_entry).collect();
+    entries
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (point, cgroup))| {
+            let covered = entries[i + 1..].iter().any(|(later, _)| point.starts_with(later));
+            cgroup.clone().filter(|_| !covered)
         })
         .collect()
+}
+
+/// One mountinfo line: its mount point, and the mount when it is a cgroup hierarchy.
+fn mount_entry(line: &str) -> Option<(PathBuf, Option<CgroupMount>)> {
+    // id parent maj:min root mount-point options [optional...] - fstype source super
+    let (left, right) = line.split_once(" - ")?;
+    let left: Vec<&str> = left.split(' ').collect();
+    let right: Vec<&str> = right.split(' ').collect();
+    let mount_point = PathBuf::from(unescape_mount(left.get(4)?));
+    let v2 = match *right.first()? {
+        "cgroup2" => true,
+        "cgroup" => false,
+        _ => return Some((mount_point, None)),
+    };
+    let mount = CgroupMount {
+        root: unescape_mount(left.get(3)?),
+        mount_point: mount_point.clone(),
+        v2,
+        options: right
+            .get(2)
+            .map(|s| s.split(',').map(str::to_string).collect())
+            .unwrap_or_default(),
+    };
+    Some((mount_point, Some(mount)))
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space, `\134` for a backslash).
@@ -485,6 +499,22 @@ mod tests {
         assert!(matches!(e, CgroupError::Locate { pid: 7, .. }), "{e}");
         let e = ContainerCgroup::resolve(7, true, "9:memory:/x\n", mountinfo).unwrap_err();
         assert!(e.to_string().contains("no cgroup2 entry"), "{e}");
+    }
+
+    #[test]
+    fn mounts_covered_by_a_later_mount_are_left_out() {
+        // A namespace's cgroup2 mounted over a hybrid host's /sys/fs/cgroup (tmpfs): the v1 and
+        // `unified` mounts stay in its table, hidden.
+        let mountinfo = format!(
+            "{HYBRID_MOUNTINFO}90 25 0:40 / /sys/fs/cgroup rw - cgroup2 none rw\n\
+             91 90 0:41 / /sys/fs/cgroup/x/y rw - tmpfs tmpfs rw\n"
+        );
+        let cg = ContainerCgroup::resolve(7, true, "0::/kubepods.slice/a.scope\n", &mountinfo).unwrap();
+        assert_eq!(cg.v2_dir(), Some(Path::new("/sys/fs/cgroup/kubepods.slice/a.scope")));
+        let mounts = parse_mountinfo(&mountinfo);
+        assert_eq!(mounts.len(), 1, "only the namespace's own cgroup2 mount is seen");
+        // A mount below another (not over it) hides nothing.
+        assert!(parse_mountinfo(HYBRID_MOUNTINFO).len() > 1);
     }
 
     #[test]
