@@ -48,9 +48,11 @@ fn temp_name(path: &Path) -> std::io::Result<PathBuf> {
     Ok(path.with_file_name(tmp))
 }
 
-/// Opens an existing file for writing without following a final symlink (the log FIFO).
-pub fn open_write_nofollow(path: &Path, extra_flags: i32) -> std::io::Result<File> {
+/// Opens an existing file for reading and writing without following a final symlink (the log
+/// FIFO, which opened so needs no reader yet).
+pub fn open_rw_nofollow(path: &Path, extra_flags: i32) -> std::io::Result<File> {
     OpenOptions::new()
+        .read(true)
         .write(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | extra_flags)
         .open(path)
@@ -155,7 +157,7 @@ mod tests {
         std::fs::write(&victim, "").unwrap();
         let log = dir.path().join("log");
         symlink(&victim, &log).unwrap();
-        let e = open_write_nofollow(&log, 0).unwrap_err();
+        let e = open_rw_nofollow(&log, 0).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
     }
 

@@ -10,10 +10,13 @@ use std::sync::Mutex;
 
 use slog::{o, Drain, Level, Logger};
 
-/// Opens `<bundle>/log` for non-blocking writing if someone reads it; otherwise logs go nowhere.
+/// Opens `<bundle>/log` for non-blocking writing. Read-write, as containerd opens its end: a
+/// FIFO opened so never waits for, nor is refused for lack of, a reader. CRI-O opens its reader
+/// while `start` runs, and a daemon that opened write-only before it did got ENXIO and lost
+/// every line; now lines wait in the pipe (up to its size) for the reader.
 pub fn open_log_fifo(bundle: &Path) -> Option<LineSink<std::fs::File>> {
     // Never through a planted link: the log is the engine's FIFO or nothing.
-    let f = crate::files::open_write_nofollow(&bundle.join("log"), libc::O_NONBLOCK).ok()?;
+    let f = crate::files::open_rw_nofollow(&bundle.join("log"), libc::O_NONBLOCK).ok()?;
     Some(LineSink::new(f))
 }
 
@@ -154,7 +157,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("log");
         nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        assert!(open_log_fifo(dir.path()).is_none(), "no reader: no logging");
         let _reader = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
@@ -167,6 +169,29 @@ mod tests {
             slog::info!(log, "filling the pipe"; "i" => i, "pad" => "x".repeat(100));
         }
         assert!(t.elapsed() < std::time::Duration::from_secs(5));
+    }
+
+    #[test]
+    fn lines_written_before_the_reader_opens_reach_it() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let sink = open_log_fifo(dir.path()).expect("opened with no reader yet");
+        let log = logger(sink, Level::Info, "ns");
+        slog::info!(log, "serving"; "id" => "c1");
+        let mut reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&p)
+            .unwrap();
+        let mut got = vec![0u8; 4096];
+        let n = reader.read(&mut got).unwrap();
+        let text = String::from_utf8_lossy(&got[..n]);
+        assert!(
+            text.contains("\"msg\":\"serving\"") && text.contains("\"id\":\"c1\""),
+            "{text}"
+        );
     }
 
     #[test]
