@@ -12,7 +12,7 @@
 
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::ContainerCgroup;
 
@@ -21,6 +21,8 @@ const PERIOD: Duration = Duration::from_millis(2);
 
 struct State {
     holders: usize,
+    /// Kept warm until then whatever the holders ([`hold_for`]).
+    until: Option<Instant>,
     running: bool,
     /// The daemon's own `cgroup.procs`; `None` once found unusable (then nothing is tried again).
     procs: Option<Option<PathBuf>>,
@@ -28,6 +30,7 @@ struct State {
 
 static STATE: Mutex<State> = Mutex::new(State {
     holders: 0,
+    until: None,
     running: false,
     procs: None,
 });
@@ -40,6 +43,20 @@ pub struct Hold(());
 pub fn hold() -> Hold {
     let mut s = STATE.lock().unwrap_or_else(|p| p.into_inner());
     s.holders += 1;
+    ensure_running(&mut s);
+    Hold(())
+}
+
+/// Keeps the lock warm for `span` from now: for a write known to come soon whose first warm-up
+/// write should start early, since that one waits out a whole grace period itself.
+pub fn hold_for(span: Duration) {
+    let mut s = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    let until = Instant::now() + span;
+    s.until = Some(s.until.map_or(until, |u| u.max(until)));
+    ensure_running(&mut s);
+}
+
+fn ensure_running(s: &mut State) {
     if !s.running {
         let procs = s.procs.get_or_insert_with(own_procs).clone();
         if let Some(path) = procs {
@@ -52,7 +69,6 @@ pub fn hold() -> Hold {
             }
         }
     }
-    Hold(())
 }
 
 impl Drop for Hold {
@@ -76,7 +92,7 @@ fn run(procs: PathBuf) {
     loop {
         {
             let mut s = STATE.lock().unwrap_or_else(|p| p.into_inner());
-            if s.holders == 0 {
+            if s.holders == 0 && s.until.is_none_or(|u| Instant::now() >= u) {
                 s.running = false;
                 return;
             }
@@ -112,7 +128,7 @@ mod tests {
     }
 
     #[test]
-    fn held_warm_a_join_skips_the_grace_period_and_the_helper_stops_when_released() {
+    fn held_warm_a_join_skips_the_grace_period_and_the_helper_stops_when_released_or_the_span_ends() {
         let Some(procs) = own_procs() else {
             eprintln!("skipped: this test process's cgroup is not writable here");
             return;
@@ -139,7 +155,15 @@ mod tests {
             !STATE.lock().unwrap().running,
             "the helper thread stops once nothing holds it"
         );
+        // A span-held warm-up runs on its own and stops once the span is over.
+        hold_for(Duration::from_millis(150));
+        std::thread::sleep(Duration::from_millis(60));
+        let during = timed_join(&dir);
+        assert!(STATE.lock().unwrap().running, "held for a span");
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(!STATE.lock().unwrap().running, "the span is over");
         let _ = std::fs::remove_dir(&dir);
+        assert!(during < Duration::from_millis(3), "join during the span: {during:?}");
         let mut sorted = warm.clone();
         sorted.sort();
         // A cold join waits for an RCU grace period (milliseconds); warm it takes microseconds

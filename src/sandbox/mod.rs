@@ -102,3 +102,22 @@ pub fn choose(
     .with_spec(&doc, config.runtime.root.join(SECCOMP_CACHE));
     Ok(Some(Arc::new(sandbox)))
 }
+
+/// How long a new daemon keeps the cgroup migration lock warm (`cgroups::warm`) when its
+/// pod's sandbox is to have systemd move the init into a scope: the pod's Create follows the
+/// daemon's start within milliseconds, and the first warm-up write, which waits out an RCU
+/// grace period, is then mostly done before systemd's own write comes. Create holds it on for
+/// as long as it takes.
+pub const STARTUP_WARM: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Called once as the daemon starts: warms the migration lock for [`STARTUP_WARM`] where the
+/// fast path would start sandboxes through systemd.
+pub fn warm_for_systemd_scopes(config: &Config) {
+    let runtime = &config.runtime;
+    if runtime.sandbox_fast_path
+        && runtime.systemd_cgroup
+        && check::Driver::on_this_host(true) == check::Driver::Systemd
+    {
+        crate::cgroups::warm::hold_for(STARTUP_WARM);
+    }
+}

@@ -180,6 +180,10 @@ impl FastSandbox {
             (high(&program_r)?, program_at),
         ];
         let mut cmd = self.command(pid_file, stdio, fds);
+        // systemd moves the init into its scope through `cgroup.procs`, which waits out an RCU
+        // grace period unless the migration lock is warm (`cgroups::warm`); the first warm-up
+        // write pays that period while the init starts and asks for the scope.
+        let _warm = cgroup::systemd_unit(&self.cgroup).map(|_| crate::cgroups::warm::hold());
         let since = Instant::now();
         let child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
             binary: RECORD_BINARY.into(),

@@ -196,7 +196,7 @@ fn scope_request(w: &mut Writer, unit: &SystemdUnit, slice: &str, pid: u32, extr
 }
 
 /// Polls `/proc/<pid>/cgroup` until its cgroup2 path ends in the scope (100 µs at first,
-/// backing off to 5 ms).
+/// backing off to 1 ms).
 fn wait_in_scope(pid: u32, scope: &str, until: Instant) -> Result<PathBuf, String> {
     let file = format!("/proc/{pid}/cgroup");
     let suffix = format!("/{scope}");
@@ -210,7 +210,7 @@ fn wait_in_scope(pid: u32, scope: &str, until: Instant) -> Result<PathBuf, Strin
             return Err(format!("systemd did not move it into {scope}"));
         }
         std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(5));
+        pause = (pause * 2).min(Duration::from_millis(1));
     }
 }
 
