@@ -469,6 +469,24 @@ async fn fast_path_sandbox_lifecycle_and_pod_members() {
         .unwrap();
     assert_eq!(std::fs::read_to_string(&freezer).unwrap().trim(), "THAWED");
 
+    // A restarted CRI-O reconnects from the bundle's `address` file and rebuilds the sandbox
+    // from State: the same daemon answers, with the pid, status and stdio paths.
+    let address = std::fs::read_to_string(pause.dir.join("address")).unwrap();
+    let again = task_client(&address).await;
+    let state = again
+        .state(
+            ctx(),
+            &StateRequest {
+                id: "pl1".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((state.status.enum_value().unwrap(), state.pid), (Status::RUNNING, pid));
+    assert_eq!(state.stdout, pause.stdout.to_str().unwrap());
+    drop(again);
+
     // An app container of the pod joins the pause container's namespaces, through runc.
     let app = crio_bundle(&ns, "pa1", "pl1", &["sleep", "600"], |spec| {
         spec["linux"]["namespaces"] = serde_json::json!([
