@@ -8,8 +8,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use containerd_shim_protos::api::{
-    ExecProcessRequest, KillRequest, PauseRequest, ResumeRequest, StartRequest, StateRequest, StatsRequest, Status,
-    WaitRequest,
+    ExecProcessRequest, KillRequest, PauseRequest, ResumeRequest, StartRequest, StateRequest, StateResponse,
+    StatsRequest, Status, WaitRequest,
 };
 
 #[path = "sandbox_systemd.rs"]
@@ -278,6 +278,25 @@ async fn run_pause(o: std::process::Output, b: &CrioBundle) -> (containerd_shim_
     (client, pid)
 }
 
+/// State of `id` as the daemon behind `client` reports it.
+async fn state_of(client: &containerd_shim_protos::shim_async::TaskClient, id: &str) -> StateResponse {
+    let req = StateRequest {
+        id: id.into(),
+        ..Default::default()
+    };
+    client.state(ctx(), &req).await.unwrap()
+}
+
+/// A pause spec for a v2 view of this VM, whose controllers belong to v1: device rules only
+/// among the resources, and a cgroup namespace of its own.
+fn v2_only(spec: &mut serde_json::Value) {
+    spec["linux"]["resources"] = serde_json::json!({"devices": [{"allow": false, "access": "rwm"}]});
+    spec["linux"]["namespaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"type": "cgroup"}));
+}
+
 fn started_by(ns: &Ns, id: &str) -> &'static str {
     if ns.runtime_root.join("default").join(id).exists() {
         "runc"
@@ -423,16 +442,7 @@ async fn fast_path_sandbox_lifecycle_and_pod_members() {
         .arg(format!("--uts={}", pinned.files[2].display()))
         .arg("hostname"));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "sandbox-host\n", "{}", text(&o));
-    let state = client
-        .state(
-            ctx(),
-            &StateRequest {
-                id: "pl1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let state = state_of(&client, "pl1").await;
     assert_eq!((state.status.enum_value().unwrap(), state.pid), (Status::RUNNING, pid));
     let stats = client
         .stats(
@@ -473,16 +483,7 @@ async fn fast_path_sandbox_lifecycle_and_pod_members() {
     // from State: the same daemon answers, with the pid, status and stdio paths.
     let address = std::fs::read_to_string(pause.dir.join("address")).unwrap();
     let again = task_client(&address).await;
-    let state = again
-        .state(
-            ctx(),
-            &StateRequest {
-                id: "pl1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let state = state_of(&again, "pl1").await;
     assert_eq!((state.status.enum_value().unwrap(), state.pid), (Status::RUNNING, pid));
     assert_eq!(state.stdout, pause.stdout.to_str().unwrap());
     drop(again);
@@ -704,13 +705,6 @@ async fn fast_path_on_cgroup_v2_matches_runc() {
     let runc_ns = env.namespace_with("sbx2-runc", "[runtime]\nsandbox_fast_path = false\n");
     let rootfs = pause_rootfs();
     let pinned = Pinned::new(&fast_ns.dir);
-    let v2_only = |spec: &mut serde_json::Value| {
-        spec["linux"]["resources"] = serde_json::json!({"devices": [{"allow": false, "access": "rwm"}]});
-        spec["linux"]["namespaces"]
-            .as_array_mut()
-            .unwrap()
-            .push(serde_json::json!({"type": "cgroup"}));
-    };
     let fast = pause_bundle(&fast_ns, "pf2", &rootfs, &pinned, v2_only);
     let slow = pause_bundle(&runc_ns, "pr2", &rootfs, &pinned, v2_only);
     let (fast_client, fast_pid) = run_pause(v2_start(&fast_ns, &fast), &fast).await;

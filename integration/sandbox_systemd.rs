@@ -180,13 +180,6 @@ async fn fast_path_with_the_systemd_driver_matches_runc() {
     // Pinned before the namespace is made, so that its copy of the mounts holds them.
     let pinned = Pinned::new(&fast_ns.dir);
     let host = SystemdHost::start(&env.dir.join("systemd-host"));
-    let v2_only = |spec: &mut serde_json::Value| {
-        spec["linux"]["resources"] = serde_json::json!({"devices": [{"allow": false, "access": "rwm"}]});
-        spec["linux"]["namespaces"]
-            .as_array_mut()
-            .unwrap()
-            .push(serde_json::json!({"type": "cgroup"}));
-    };
     let fast = pause_bundle(&fast_ns, "pf3", &rootfs, &pinned, v2_only);
     let slow = pause_bundle(&runc_ns, "pr3", &rootfs, &pinned, v2_only);
     set_cgroups_path(&fast, "kubepods-besteffort-podsd.slice:crio:pf3");

@@ -277,7 +277,7 @@ fn host_is_v2() -> Result<bool, CgroupError> {
 }
 
 /// A cgroup filesystem mount from mountinfo.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct CgroupMount {
     /// The cgroup the mount shows at its mount point (not `/` inside a cgroup namespace).
     root: String,
@@ -304,14 +304,17 @@ impl CgroupMount {
 /// `/sys/fs/cgroup` leaves the v1 and `unified` mounts in its table) is left out.
 fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
     let entries: Vec<(PathBuf, Option<CgroupMount>)> = text.lines().filter_map(mount_entry).collect();
-    entries
-        .iter()
-        .enumerate()
-        .filter_map(|(i, (point, cgroup))| {
-            let covered = entries[i + 1..].iter().any(|(later, _)| point.starts_with(later));
-            cgroup.clone().filter(|_| !covered)
-        })
-        .collect()
+    // From the last mount back, so each is checked against the mount points after it.
+    let mut later: Vec<PathBuf> = Vec::new();
+    let mut seen = Vec::new();
+    for (point, cgroup) in entries.into_iter().rev() {
+        if let Some(m) = cgroup.filter(|_| !later.iter().any(|l| point.starts_with(l))) {
+            seen.push(m);
+        }
+        later.push(point);
+    }
+    seen.reverse();
+    seen
 }
 
 /// One mountinfo line: its mount point, and the mount when it is a cgroup hierarchy.
