@@ -232,3 +232,54 @@ fn instant_exit_is_reported_after_start() {
     }
     assert_clean(env, &ns);
 }
+
+/// The names in `/proc/<pid>/environ`.
+fn environ_names(pid: i32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    raw.split(|b| *b == 0)
+        .filter_map(|kv| kv.split(|b| *b == b'=').next())
+        .filter(|k| !k.is_empty())
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .collect()
+}
+
+fn pid_in(bundle: &std::path::Path, file: &str) -> i32 {
+    let text = std::fs::read_to_string(bundle.join(file)).unwrap();
+    text.trim().parse().unwrap()
+}
+
+/// containerd under systemd (`Type=notify`) has `NOTIFY_SOCKET` and the other service
+/// variables in its environment, and passes them to every shim. runc and crun would take
+/// `NOTIFY_SOCKET` as a request to relay the container's READY=1 and make `start` wait for
+/// it: `ctr run -d` then hangs with the task CREATED. The shared containerd of these tests runs
+/// with all of them set (see `common::env`).
+#[test]
+fn a_notify_socket_in_the_engines_environment_reaches_no_runtime() {
+    let env = env();
+    let mut names: Vec<&str> = crate::common::SERVICE_MANAGER_ENV.iter().map(|(k, _)| *k).collect();
+    names.push("NOTIFY_SOCKET");
+    for (label, extra) in [("runc", ""), ("crun", "[runtime]\nbinary = \"crun\"\n")] {
+        let ns = env.namespace_with(&format!("ctr-notify-{label}"), extra);
+        let o = env.ctr_run_detached(&ns, "n1", &[], &["sleep", "1000"]);
+        assert!(o.status.success(), "{label}: ctr run -d: {}", text(&o));
+        env.wait_status(&ns.name, "n1", "RUNNING");
+        let bundle = env.bundle(&ns.name, "n1");
+        // (The daemon's own /proc/PID/environ still shows the block it was started with; what
+        // counts is what its children get.)
+        let seen = environ_names(pid_in(&bundle, "init.pid"));
+        assert!(
+            seen.iter().any(|s| s == "PATH"),
+            "{label}: no environment read: {seen:?}"
+        );
+        let leaked: Vec<_> = names.iter().filter(|n| seen.iter().any(|s| s == *n)).collect();
+        assert!(leaked.is_empty(), "{label}: the container got {leaked:?}");
+        // runc keeps the relay socket in <root>/<id>/notify/, crun in <root>/<id>/notify/ too.
+        let state = ns.runtime_root.join(&ns.name).join("n1");
+        assert!(
+            !state.join("notify").exists(),
+            "{label}: the runtime set up a notify relay"
+        );
+        env.kill_and_remove(&ns.name, "n1");
+        assert_clean(env, &ns);
+    }
+}

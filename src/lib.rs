@@ -9,6 +9,7 @@ pub mod config;
 pub mod container;
 pub mod daemon;
 pub mod devices;
+pub mod environ;
 pub mod events;
 pub mod exits;
 pub mod files;

@@ -22,6 +22,8 @@ fn current_thread() -> Result<tokio::runtime::Runtime> {
 }
 
 fn run() -> Result<()> {
+    // Before any thread exists: nothing gantry starts may see the engine's systemd variables.
+    gantry::environ::scrub();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     // The fast path's container init: a fresh process of this binary, set up by the daemon.
     if argv.first().map(String::as_str) == Some("sandbox-init") {

@@ -224,6 +224,7 @@ impl OciRuntime {
             cmd.arg("--systemd-cgroup");
         }
         cmd.args(args);
+        crate::environ::sanitise(&mut cmd);
         // Its own process group: on a timeout the runtime and all it forked die together.
         cmd.process_group(0);
         cmd

@@ -29,7 +29,20 @@ pub struct Env {
     pub image_tar: PathBuf,
     pub rootfs: PathBuf,
     imported: Mutex<HashSet<String>>,
+    /// Bound where containerd's `NOTIFY_SOCKET` points, as systemd's is on a node.
+    pub notify_socket: std::os::unix::net::UnixDatagram,
 }
+
+/// The variables systemd gives a service besides `NOTIFY_SOCKET` (pids that are not
+/// containerd's, so containerd itself ignores the socket-activation and watchdog ones).
+pub const SERVICE_MANAGER_ENV: [(&str, &str); 6] = [
+    ("LISTEN_FDS", "1"),
+    ("LISTEN_PID", "1"),
+    ("WATCHDOG_USEC", "30000000"),
+    ("WATCHDOG_PID", "1"),
+    ("INVOCATION_ID", "0123456789abcdef0123456789abcdef"),
+    ("JOURNAL_STREAM", "8:12345"),
+];
 
 static ENV: OnceLock<Env> = OnceLock::new();
 
@@ -115,6 +128,10 @@ pub fn env() -> &'static Env {
             .env("GANTRY_CONFIG", &config2)
             .stdout(log.try_clone().unwrap())
             .stderr(log);
+        // containerd as systemd runs it on a node (`Type=notify`): these reach every shim.
+        let notify = dir.join("notify.sock");
+        let notify_socket = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+        cmd.envs(SERVICE_MANAGER_ENV).env("NOTIFY_SOCKET", &notify);
         spawn_for_life(cmd);
         let env = Env {
             dir: dir.clone(),
@@ -126,6 +143,7 @@ pub fn env() -> &'static Env {
             image_tar: image_dir.join("image.tar"),
             rootfs: image_dir.join("rootfs"),
             imported: Mutex::new(HashSet::new()),
+            notify_socket,
         };
         let up = wait_until(Duration::from_secs(20), || {
             env.ctr("default", &["version"]).status.success()

@@ -68,6 +68,7 @@ pub async fn spawn(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+    crate::environ::sanitise(&mut cmd);
     let fds = [out_r.as_raw_fd(), err_r.as_raw_fd(), ready_w.as_raw_fd()];
     // SAFETY: install_fds is async-signal-safe.
     unsafe {
