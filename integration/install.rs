@@ -120,5 +120,12 @@ fn probes_start_nothing() {
     let info: containerd_shim_protos::types::introspection::RuntimeInfo =
         protobuf::Message::parse_from_bytes(&o.stdout).unwrap();
     assert_eq!(info.name, "io.containerd.gantry.v2");
-    assert!(info.features.is_some());
+    // containerd 2.x resolves the Any by this name and decodes its value as JSON.
+    let any = info.features.as_ref().expect("features");
+    assert_eq!(
+        any.type_url,
+        "types.containerd.io/opencontainers/runtime-spec/1/features/Features"
+    );
+    let features: serde_json::Value = serde_json::from_slice(&any.value).unwrap();
+    assert_eq!(features, f, "the configured runtime's own features document");
 }

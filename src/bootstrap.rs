@@ -422,9 +422,24 @@ pub async fn features() -> Result<Vec<u8>, BootstrapError> {
     Ok(rt.features().await?)
 }
 
+/// The name containerd registers the runtime-spec `Features` type under (`typeurl.Register(&
+/// features.Features{}, "types.containerd.io", "opencontainers/runtime-spec", "1", "features",
+/// "Features")`), which runc's shim uses. containerd resolves an `Any` by this name alone and
+/// decodes a non-protobuf type's value as JSON; under any other name its CRI sees no features
+/// (no recursive read-only mounts, no idmapped mounts for user-namespace pods).
+pub const FEATURES_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/features/Features";
+
+/// The runtime's own `features` JSON as containerd expects it in `RuntimeInfo.features`.
+pub fn features_any(json: Vec<u8>) -> containerd_shim_protos::protobuf::well_known_types::any::Any {
+    containerd_shim_protos::protobuf::well_known_types::any::Any {
+        type_url: FEATURES_TYPE_URL.into(),
+        value: json,
+        ..Default::default()
+    }
+}
+
 /// `-info`: a `RuntimeInfo` protobuf, as containerd 2.x asks of shims.
 pub async fn info() -> Vec<u8> {
-    use containerd_shim_protos::protobuf::well_known_types::any::Any;
     use containerd_shim_protos::types::introspection::{RuntimeInfo, RuntimeVersion};
     let features = features().await.ok();
     let info = RuntimeInfo {
@@ -434,13 +449,7 @@ pub async fn info() -> Vec<u8> {
             revision: env!("GANTRY_GIT_REVISION").into(),
             ..Default::default()
         }),
-        features: features
-            .map(|f| Any {
-                type_url: "github.com/opencontainers/runtime-spec/specs-go/features/Features".into(),
-                value: f,
-                ..Default::default()
-            })
-            .into(),
+        features: features.map(features_any).into(),
         ..Default::default()
     };
     info.write_to_bytes().unwrap_or_default()
@@ -487,6 +496,26 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    /// What containerd 2.3 does with `RuntimeInfo.features`: look the type up by its URL, then
+    /// unmarshal the value as the JSON of runtime-spec's `Features`.
+    #[test]
+    fn features_are_labelled_as_containerd_resolves_them() {
+        // `runc features` of Debian's runc 1.1.5, abridged.
+        let json = br#"{"ociVersionMin":"1.0.0","ociVersionMax":"1.1.0-rc.1","hooks":["prestart","createRuntime"],
+            "mountOptions":["bind","rbind","ro","rro","rw"],"linux":{"namespaces":["cgroup","ipc","mount","network","pid","user","uts"],
+            "capabilities":["CAP_CHOWN"],"cgroup":{"v1":true,"v2":true,"systemd":true,"systemdUser":true},
+            "seccomp":{"enabled":true,"actions":["SCMP_ACT_ALLOW"],"operators":["SCMP_CMP_EQ"],"archs":["SCMP_ARCH_X86_64"]},
+            "apparmor":{"enabled":true},"selinux":{"enabled":true}},"annotations":{"io.github.seccomp.libseccomp.version":"2.5.4"}}"#;
+        let any = features_any(json.to_vec());
+        assert_eq!(
+            any.type_url,
+            "types.containerd.io/opencontainers/runtime-spec/1/features/Features"
+        );
+        let f: oci_spec::runtime::Features = serde_json::from_slice(&any.value).unwrap();
+        assert!(f.mount_options().as_ref().unwrap().iter().any(|o| o == "rro"));
+        assert_eq!(f.oci_version_max(), "1.1.0-rc.1");
     }
 
     #[test]
