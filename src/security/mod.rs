@@ -213,7 +213,9 @@ pub struct Report {
     pub changed: bool,
     /// The recorded decisions, as written into the annotations.
     pub decisions: Vec<(&'static str, String)>,
-    pub warnings: Vec<String>,
+    /// Syscall names in the profile this host's libseccomp does not know (the runtime skips
+    /// them, as runc does silently).
+    pub unknown_syscalls: Vec<String>,
 }
 
 /// Where the container's seccomp profile comes from.
@@ -328,7 +330,7 @@ pub fn apply(doc: &mut Value, cfg: &SecurityConfig) -> Result<Report, SecurityEr
     let engine = engine_profile(doc)?;
     if let Some(p) = &engine {
         let from = "from the engine (linux.seccomp)".to_string();
-        report.warnings =
+        report.unknown_syscalls =
             seccomp::validate_cached(p, checks(cfg)).map_err(|error| SecurityError::Seccomp { from, error })?;
     }
     if *cfg == SecurityConfig::default() {
@@ -428,13 +430,25 @@ fn decide_apparmor(doc: &mut Value, privileged: bool, cfg: &SecurityConfig) -> R
 
 /// One log line per container with every decision (the logger carries the container id).
 pub fn log(log: &slog::Logger, report: &Report) {
-    for w in &report.warnings {
-        slog::warn!(log, "security policy"; "warning" => w);
+    let new = first_sightings(&report.unknown_syscalls);
+    if !new.is_empty() {
+        // Engines' default profiles name calls newer than the host's libseccomp (containerd's
+        // names 11 on Debian 12): said once per daemon, not for every container.
+        slog::warn!(log, "security policy: the seccomp profile names syscalls this host's libseccomp does not know; the runtime skips them (each is reported once per daemon)";
+            "syscalls" => new.join(","));
     }
     if !report.decisions.is_empty() {
         let decisions: Vec<String> = report.decisions.iter().map(|(k, v)| format!("{k}={v}")).collect();
         slog::info!(log, "security policy"; "decisions" => decisions.join(" "));
     }
+}
+
+/// The names among `names` not reported before by this process, now marked as reported.
+fn first_sightings(names: &[String]) -> Vec<String> {
+    static SEEN: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    names.iter().filter(|n| seen.insert((*n).clone())).cloned().collect()
 }
 
 /// The capabilities containerd gives a container by default: what `seccomp-profile` assumes

@@ -201,14 +201,14 @@ fn compare(arg: &Arg) -> Result<ScmpArgCompare, String> {
     })
 }
 
-/// Checks `profile` by building it with libseccomp (nothing is loaded). Returns warnings
-/// (unknown names under `unknown_syscalls = "warn"`, which the runtime skips too).
+/// Checks `profile` by building it with libseccomp (nothing is loaded). Returns the syscall
+/// names libseccomp does not know, under `unknown_syscalls = "warn"` (the runtime skips them).
 pub fn validate(profile: &Profile, checks: Checks) -> Result<Vec<String>, ProfileError> {
     build(profile, checks).map(|(_, warnings)| warnings)
 }
 
 /// Builds `profile` into a libseccomp filter as runc does (the sandbox fast path loads it),
-/// with the warnings of [`validate`].
+/// with the unknown names of [`validate`].
 pub fn build(profile: &Profile, checks: Checks) -> Result<(ScmpFilterContext, Vec<String>), ProfileError> {
     let default =
         action(&profile.default_action, profile.default_errno_ret).map_err(|why| refuse("defaultAction", why, None))?;
@@ -230,7 +230,7 @@ pub fn build(profile: &Profile, checks: Checks) -> Result<(ScmpFilterContext, Ve
         };
         target.add_arch(parsed).map_err(|e| libseccomp(rule, e))?;
     }
-    let mut warnings = Vec::new();
+    let mut unknown = Vec::new();
     for (i, r) in profile.syscalls.iter().enumerate() {
         let rule = format!("syscalls[{i}]");
         let act = action(&r.action, r.errno_ret).map_err(|why| refuse(&rule, why, None))?;
@@ -246,7 +246,7 @@ pub fn build(profile: &Profile, checks: Checks) -> Result<(ScmpFilterContext, Ve
                 if checks.unknown == Unknown::Reject {
                     return Err(refuse(&rule, why, Some("security.unknown_syscalls")));
                 }
-                warnings.push(format!("{rule}: {why} (skipped by the runtime)"));
+                unknown.push(name.clone());
                 continue;
             };
             // The runtime skips rules whose action is the default one; libseccomp refuses them.
@@ -256,7 +256,7 @@ pub fn build(profile: &Profile, checks: Checks) -> Result<(ScmpFilterContext, Ve
             add(&mut filter, act, call, &r.args, &conds).map_err(|e| libseccomp(format!("{rule} ({name})"), e))?;
         }
     }
-    Ok((filter, warnings))
+    Ok((filter, unknown))
 }
 
 /// Adds one rule as the runtime does: conditions on the same argument become separate rules.

@@ -179,7 +179,7 @@ fn engine_profiles_are_validated_and_kept() {
     );
     // With the defaults an unknown name is a warning, as the runtime skips it.
     let r = apply(&mut doc, &SecurityConfig::default()).unwrap();
-    assert!(r.warnings[0].contains("notasyscall"));
+    assert_eq!(r.unknown_syscalls, ["notasyscall"]);
     doc["linux"]["seccomp"] = json!({"defaultAction": 7});
     let e = apply(&mut doc, &SecurityConfig::default()).unwrap_err().to_string();
     assert!(e.contains("malformed"), "{e}");
@@ -281,5 +281,19 @@ fn probe_prints_the_profile_for_the_given_caps() {
     assert!(
         p.syscalls[0].names.iter().any(|n| n == "chroot"),
         "containerd's default set has CAP_SYS_CHROOT"
+    );
+}
+
+#[test]
+fn an_unknown_syscall_is_reported_once_per_daemon() {
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        first_sightings(&names(&["gantry_test_a", "gantry_test_b"])),
+        names(&["gantry_test_a", "gantry_test_b"])
+    );
+    assert!(first_sightings(&names(&["gantry_test_b", "gantry_test_a"])).is_empty());
+    assert_eq!(
+        first_sightings(&names(&["gantry_test_a", "gantry_test_c"])),
+        names(&["gantry_test_c"])
     );
 }
