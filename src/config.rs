@@ -55,6 +55,9 @@ pub struct RuntimeConfig {
     pub timeouts: RuntimeTimeouts,
     /// Start pods' pause containers without the OCI runtime (see [`crate::sandbox`]).
     pub sandbox_fast_path: bool,
+    /// Keep the kernel's cgroup migration lock writer-fast while a runtime joins cgroups
+    /// (see [`crate::cgroups::warm`]).
+    pub cgroup_warmup: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -65,6 +68,7 @@ impl Default for RuntimeConfig {
             systemd_cgroup: false,
             timeouts: RuntimeTimeouts::default(),
             sandbox_fast_path: true,
+            cgroup_warmup: true,
         }
     }
 }

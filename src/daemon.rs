@@ -41,6 +41,7 @@ pub fn serve(flags: &Flags, config: Config) -> Result<(), DaemonError> {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
+    crate::cgroups::warm::set_enabled(config.runtime.cgroup_warmup);
     crate::sandbox::warm_for_systemd_scopes(&config);
     let bundle = bundle_dir(flags);
     let level = logging::level(&config.shim.log_level, flags.debug);

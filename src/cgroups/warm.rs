@@ -8,7 +8,8 @@
 //! same effect for the span of a runtime invocation: a helper thread writes the daemon's own
 //! pid to its own `cgroup.procs` (moving nothing) every [`PERIOD`], so the runtime's writes find
 //! the lock already in its writer mode. The first such write pays the grace period, while the
-//! runtime is still starting. Outside invocations nothing runs.
+//! runtime is still starting. Outside invocations nothing runs. `[runtime] cgroup_warmup =
+//! false` turns it off ([`set_enabled`]).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -26,6 +27,10 @@ struct State {
     running: bool,
     /// The daemon's own `cgroup.procs`; `None` once found unusable (then nothing is tried again).
     procs: Option<Option<PathBuf>>,
+    /// Off by the operator's choice: holds are counted but no thread starts.
+    disabled: bool,
+    /// Warm-up writes made so far (tests observe the helper through it).
+    writes: u64,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
@@ -33,7 +38,14 @@ static STATE: Mutex<State> = Mutex::new(State {
     until: None,
     running: false,
     procs: None,
+    disabled: false,
+    writes: 0,
 });
+
+/// The operator's `[runtime] cgroup_warmup`; set once when the daemon starts.
+pub fn set_enabled(on: bool) {
+    STATE.lock().unwrap_or_else(|p| p.into_inner()).disabled = !on;
+}
 
 /// While alive, the migration lock is kept writer-fast.
 #[must_use]
@@ -57,7 +69,7 @@ pub fn hold_for(span: Duration) {
 }
 
 fn ensure_running(s: &mut State) {
-    if !s.running {
+    if !s.running && !s.disabled {
         let procs = s.procs.get_or_insert_with(own_procs).clone();
         if let Some(path) = procs {
             if std::thread::Builder::new()
@@ -104,6 +116,7 @@ fn run(procs: PathBuf) {
             s.running = false;
             return;
         }
+        STATE.lock().unwrap_or_else(|p| p.into_inner()).writes += 1;
         std::thread::sleep(PERIOD);
     }
 }
@@ -112,62 +125,44 @@ fn run(procs: PathBuf) {
 mod tests {
     use super::*;
 
-    /// A fresh process joining a new cgroup through `cgroup.procs`, timed in the child.
-    fn timed_join(dir: &std::path::Path) -> Duration {
-        let procs = dir.join("cgroup.procs");
-        let out = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "a=$(date +%s%N); echo $$ > {}; b=$(date +%s%N); echo $((b - a))",
-                procs.display()
-            ))
-            .output()
-            .expect("sh");
-        let ns: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(u64::MAX);
-        Duration::from_nanos(ns)
+    fn state<T>(f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut STATE.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    #[test]
-    fn held_warm_a_join_skips_the_grace_period_and_the_helper_stops_when_released_or_the_span_ends() {
-        let Some(procs) = own_procs() else {
-            eprintln!("skipped: this test process's cgroup is not writable here");
-            return;
-        };
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root to create cgroups");
-            return;
+    /// Polls generously: the helper thread's pace is the scheduler's, not the test's.
+    fn eventually(what: &str, f: impl Fn() -> bool) {
+        let end = Instant::now() + Duration::from_secs(30);
+        while !f() {
+            assert!(Instant::now() < end, "never happened: {what}");
+            std::thread::sleep(Duration::from_millis(5));
         }
-        let Some(own) = procs.parent() else { return };
-        let dir = own.join(format!("gantry-warm-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("mkdir");
-        let hold = hold();
-        std::thread::sleep(Duration::from_millis(50));
-        // Spaced out, so that without the helper each join would find the lock cold again.
-        let warm: Vec<Duration> = (0..5)
-            .map(|_| {
-                std::thread::sleep(Duration::from_millis(60));
-                timed_join(&dir)
-            })
-            .collect();
-        drop(hold);
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(
-            !STATE.lock().unwrap().running,
-            "the helper thread stops once nothing holds it"
-        );
-        // A span-held warm-up runs on its own and stops once the span is over.
-        hold_for(Duration::from_millis(150));
-        std::thread::sleep(Duration::from_millis(60));
-        let during = timed_join(&dir);
-        assert!(STATE.lock().unwrap().running, "held for a span");
-        std::thread::sleep(Duration::from_millis(150));
-        assert!(!STATE.lock().unwrap().running, "the span is over");
-        let _ = std::fs::remove_dir(&dir);
-        assert!(during < Duration::from_millis(3), "join during the span: {during:?}");
-        let mut sorted = warm.clone();
-        sorted.sort();
-        // A cold join waits for an RCU grace period (milliseconds); warm it takes microseconds
-        // plus the shell's own `date` calls.
-        assert!(sorted[2] < Duration::from_millis(3), "warm joins: {warm:?}");
+    }
+
+    /// The warm-up's effect on a real cgroup join (a grace period saved per write) is measured
+    /// by `scripts/bench.sh`; here only what the helper thread does, against a stand-in
+    /// `cgroup.procs` file, so the test needs neither root nor a writable cgroup.
+    #[test]
+    fn the_helper_writes_while_held_and_ends_when_released_the_span_ends_or_it_is_turned_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let procs = dir.path().join("cgroup.procs");
+        state(|s| s.procs = Some(Some(procs.clone())));
+
+        let held = hold();
+        let first = state(|s| s.writes);
+        eventually("three warm-up writes", || state(|s| s.writes) >= first + 3);
+        assert_eq!(std::fs::read_to_string(&procs).unwrap(), std::process::id().to_string());
+        drop(held);
+        // Other tests of this binary hold it too; each of them ends.
+        eventually("the helper stops once nothing holds it", || !state(|s| s.running));
+
+        hold_for(Duration::from_millis(100));
+        assert!(state(|s| s.running), "a span starts the helper at once");
+        eventually("the helper stops once the span is over", || !state(|s| s.running));
+
+        set_enabled(false);
+        eventually("no helper left", || !state(|s| s.running));
+        let _held = hold();
+        assert!(!state(|s| s.running), "turned off: no helper thread");
+        set_enabled(true);
     }
 }
