@@ -371,3 +371,47 @@ fn exec_events_and_init_exit_after_exec_exits() {
     env.remove(&ns.name, "ee");
     assert_clean(env, &ns);
 }
+
+/// `ctr task exec -t` the way scripts run it: stdin at EOF from the start (`script ... <
+/// /dev/null`). Every byte the process wrote must reach the client, each time: the loss
+/// this guards against was a race (13 of 30 short runs through containerd's CRI).
+fn tty_exec_with_stdin_at_eof(env: &crate::common::Env, ns: &str, exec_id: &str, cmd: &str) -> std::process::Output {
+    let line = format!(
+        "ctr --address {} -n {ns} task exec -t --exec-id {exec_id} box {cmd}",
+        env.ctr_sock.display()
+    );
+    crate::common::run(
+        std::process::Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .stdin(Stdio::null()),
+    )
+}
+
+#[test]
+fn tty_exec_output_is_complete_with_stdin_at_eof() {
+    let env = env();
+    let ns = env.namespace("tty-eof");
+    let o = env.ctr_run_detached(&ns, "box", &[], &["sleep", "1000"]);
+    assert!(o.status.success(), "{}", text(&o));
+    env.wait_status(&ns.name, "box", "RUNNING");
+    for i in 0..200 {
+        let o = tty_exec_with_stdin_at_eof(env, &ns.name, &format!("t{i}"), "tty");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains("/dev/pts/"), "run {i} lost its output: {}", text(&o));
+    }
+    // 1 MiB written, then the process exits at once.
+    for i in 0..5 {
+        let o = tty_exec_with_stdin_at_eof(
+            env,
+            &ns.name,
+            &format!("m{i}"),
+            "sh -c 'head -c 1048576 /dev/zero | tr \\\\0 x; echo END'",
+        );
+        let out = &o.stdout;
+        let xs = out.iter().filter(|b| **b == b'x').count();
+        assert_eq!(xs, 1 << 20, "run {i}: {} bytes of output", out.len());
+        assert!(String::from_utf8_lossy(out).contains("END"), "run {i}");
+    }
+    env.kill_and_remove(&ns.name, "box");
+    assert_clean(env, &ns);
+}

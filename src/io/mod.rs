@@ -214,6 +214,21 @@ fn open_stdin(path: &str) -> Result<(Option<OwnedFd>, Option<OwnedFd>), IoError>
     Ok((Some(r.into()), Some(w.into())))
 }
 
+/// Copies the client's stdin FIFO into the pty until the FIFO ends (its last writer, the
+/// shim's own keeper included, closed it) or [`ProcessIo::close`] aborts the copy. Once the
+/// pty refuses writes (the process is gone) input is read and dropped, so the engine's writes
+/// never fail while the exec is still being collected (see [`ProcessIo::drain`]).
+async fn copy_stdin(mut input: tokio::net::unix::pipe::Receiver, mut pty: PtyStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 4096];
+    let mut pty_open = true;
+    while let Ok(n @ 1..) = input.read(&mut buf).await {
+        if pty_open && pty.write_all(&buf[..n]).await.is_err() {
+            pty_open = false;
+        }
+    }
+}
+
 /// What the shim holds for one process's stdio while it lives.
 #[derive(Default)]
 pub struct ProcessIo {
@@ -222,7 +237,7 @@ pub struct ProcessIo {
     console: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
     /// The pty → stdout copy: what `drain` waits for.
     output: Mutex<Option<JoinHandle<()>>>,
-    /// Input copies (stdin → pty): cancelled, never waited for.
+    /// Input copies (stdin → pty): never waited for, ended only by [`ProcessIo::close`].
     copies: Mutex<Vec<JoinHandle<()>>>,
     /// Where a terminal's output goes when that is a `binary://` logger (its stdout pipe),
     /// until the pty master arrives.
@@ -359,11 +374,8 @@ impl ProcessIo {
             let (r, keeper) = open_stdin(&paths.stdin)?;
             if let Some(r) = r {
                 let _ = nix::fcntl::fcntl(r.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
-                let mut input = tokio::net::unix::pipe::Receiver::from_owned_fd(r).map_err(open_err("stdin", &p))?;
-                let mut pty = PtyStream(master.clone());
-                copies.push(tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut input, &mut pty).await;
-                }));
+                let input = tokio::net::unix::pipe::Receiver::from_owned_fd(r).map_err(open_err("stdin", &p))?;
+                copies.push(tokio::spawn(copy_stdin(input, PtyStream(master.clone()))));
             }
             *self.stdin_keeper.lock().unwrap_or_else(|e| e.into_inner()) = keeper;
         }
@@ -398,11 +410,12 @@ impl ProcessIo {
 
     /// Waits (bounded) for the terminal output copy to drain after the process exited, so the
     /// client has all output before it learns of the exit.
+    ///
+    /// The input copy is left running: it holds the only read end of the stdin FIFO, and the
+    /// engine may still write to it (containerd's CRI forwards the EOF of a `crictl exec -it`
+    /// whose own stdin ended). Closed here, such a write fails with EPIPE, and for a terminal
+    /// containerd then closes the exec's stdout stream before reading what the process wrote.
     pub async fn drain(&self, timeout: Duration) {
-        // Input copies are cancelled; only the output copy is waited for.
-        for c in std::mem::take(&mut *self.copies.lock().unwrap_or_else(|e| e.into_inner())) {
-            c.abort();
-        }
         let output = self.output.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(c) = output {
             let abort = c.abort_handle();
@@ -730,7 +743,61 @@ mod tests {
         std::io::Write::write_all(&mut w, b"hello").unwrap();
     }
 
+    /// Reproduces the lost output of `crictl exec -it CT tty < /dev/null`: after the process
+    /// exited and its output drained, the engine still writes the client's EOF to stdin. That
+    /// write must succeed (an EPIPE there makes containerd close the exec's stdout) and the
+    /// output must all be in the stdout FIFO; only Delete's `close` lets go of stdin.
     #[tokio::test]
+    async fn stdin_stays_writable_after_a_tty_process_exited_until_close() {
+        let dir = tempfile::tempdir().unwrap();
+        let (stdin, stdout) = (dir.path().join("in"), dir.path().join("out"));
+        for p in [&stdin, &stdout] {
+            nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        }
+        let paths = StdioPaths {
+            stdin: stdin.display().to_string(),
+            stdout: stdout.display().to_string(),
+            terminal: true,
+            ..Default::default()
+        };
+        let nonblocking = |p: &Path, write: bool| {
+            OpenOptions::new()
+                .read(!write)
+                .write(write)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(p)
+                .unwrap()
+        };
+        let mut client_out = nonblocking(&stdout, false);
+        let pty = nix::pty::openpty(None, None).unwrap();
+        let io = ProcessIo::default();
+        io.attach_console(pty.master, &paths).unwrap();
+        let mut client_in = nonblocking(&stdin, true);
+        let mut slave = File::from(pty.slave);
+        std::io::Write::write_all(&mut slave, b"/dev/pts/0\n").unwrap();
+        drop(slave);
+        io.drain(Duration::from_secs(30)).await;
+
+        let mut got = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut client_out, &mut got);
+        assert!(String::from_utf8_lossy(&got).contains("/dev/pts/0"), "{got:?}");
+        std::io::Write::write_all(&mut client_in, b"\x04").expect("the engine's write after the exit");
+        tokio::task::yield_now().await;
+        io.close();
+        // The copy task ends once aborted; then the FIFO has no reader left.
+        let mut closed = false;
+        for _ in 0..1000 {
+            tokio::task::yield_now().await;
+            if let Err(e) = std::io::Write::write_all(&mut client_in, b"x") {
+                assert_eq!(e.raw_os_error(), Some(libc::EPIPE), "{e}");
+                closed = true;
+                break;
+            }
+        }
+        assert!(closed, "close released the stdin FIFO");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_tty_with_stdin_and_no_stdout_drains_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let stdin = dir.path().join("in");
@@ -744,13 +811,10 @@ mod tests {
         let io = ProcessIo::default();
         io.attach_console(pty.master, &paths).unwrap();
         drop(pty.slave);
-        let t0 = std::time::Instant::now();
+        // On the paused clock: waiting for the stdin copy would advance it to the timeout.
+        let t0 = tokio::time::Instant::now();
         io.drain(Duration::from_secs(5)).await;
-        assert!(
-            t0.elapsed() < Duration::from_secs(1),
-            "drain waited {:?} for the stdin copy",
-            t0.elapsed()
-        );
+        assert_eq!(t0.elapsed(), Duration::ZERO, "drain waited for the stdin copy");
     }
 
     #[tokio::test]
