@@ -25,7 +25,8 @@ use crate::runtime::fake::FakeRuntime;
 
 type Events = Arc<Mutex<Vec<String>>>;
 
-/// Records each event as "topic id" (the exec id for exec events and exits).
+/// Records each event as "topic id" (the exec id for exec events and exits; for deletes the
+/// id, container id and pid).
 struct Recorder(Events);
 
 impl Forward for Recorder {
@@ -36,6 +37,9 @@ impl Forward for Recorder {
             "/tasks/exit" => TaskExit::parse_from_bytes(&any.value).map(|e| e.id).unwrap_or_default(),
             "/tasks/exec-started" => TaskExecStarted::parse_from_bytes(&any.value)
                 .map(|e| e.exec_id)
+                .unwrap_or_default(),
+            "/tasks/delete" => containerd_shim_protos::events::task::TaskDelete::parse_from_bytes(&any.value)
+                .map(|e| format!("{} container={} pid={}", e.id, e.container_id, e.pid))
                 .unwrap_or_default(),
             _ => String::new(),
         };
@@ -222,6 +226,30 @@ async fn an_init_exit_before_start_returns_is_reported_after_start() {
     assert_eq!(start.await.unwrap().unwrap().pid as i32, pid);
     assert_eq!(h.wait("").await.map(|e| e.status), Some(3));
     assert_eq!(h.events().await, ["/tasks/create", "/tasks/start", "/tasks/exit c1"]);
+}
+
+/// containerd's consumers compare TaskDelete field for field with the runc shim's, which
+/// leaves `id` empty for the init process (and sends no event for an exec's delete).
+#[tokio::test(start_paused = true)]
+async fn the_init_delete_event_matches_the_runc_shim_field_for_field() {
+    let h = harness();
+    let pid = h.create().await;
+    h.start("").await.unwrap();
+    h.add_exec("e1").await;
+    let exec_pid = h.start("e1").await.unwrap();
+    h.fake.exit(exec_pid as i32, 0);
+    assert!(h.wait("e1").await.is_some());
+    h.delete("e1").await.unwrap();
+    h.fake.exit(pid, 0);
+    assert!(h.wait("").await.is_some());
+    h.delete("").await.unwrap();
+    let events = h.events().await;
+    let deletes: Vec<_> = events.iter().filter(|e| e.starts_with("/tasks/delete")).collect();
+    assert_eq!(
+        deletes,
+        [&format!("/tasks/delete  container=c1 pid={pid}")],
+        "{events:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -474,7 +474,8 @@ fn delete_event(id: &str, exit: &ExitInfo) -> Event {
         pid: exit.pid as u32,
         exit_status: exit.status,
         exited_at: ts_field(Some(exit.at)),
-        id: id.to_string(),
+        // Empty, as the runc shim leaves it for the init process (the only one whose delete
+        // is published); containerd's consumers compare the two shims' events field by field.
         ..Default::default()
     })
 }

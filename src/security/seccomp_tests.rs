@@ -153,11 +153,7 @@ fn validation_names_the_rule_and_the_key() {
         require_default_deny: false,
         all_arches: true,
     };
-    let w = validate(&unknown, warn).unwrap();
-    assert!(
-        w.len() == 1 && w[0].contains("syscalls[1]") && w[0].contains("notasyscall"),
-        "{w:?}"
-    );
+    assert_eq!(validate(&unknown, warn).unwrap(), ["notasyscall"]);
     let e = validate(&unknown, STRICT).unwrap_err();
     assert_eq!(e.rule, "syscalls[1]");
     assert_eq!(e.key, Some("security.unknown_syscalls"));
