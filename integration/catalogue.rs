@@ -871,6 +871,62 @@ async fn wrong_state_cases(c: &TaskClient, expect: &mut impl FnMut(&str, Result<
     expect("signal 65", r, Some(Code::INVALID_ARGUMENT));
 }
 
+/// Runs `start` CRI-O style (no TTRPC_ADDRESS) with `config` and `stdin`.
+fn start_with(config: &Path, stdin: &[u8], dir: &Path, id: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(SHIM)
+        .args(["-namespace", "default", "-address", "", "-id", id, "start"])
+        .current_dir(dir)
+        .env("TTRPC_ADDRESS", "")
+        .env("GANTRY_CONFIG", config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// containerd 2.3 passes its socket directory in `BootstrapParams.socket_dir`: gantry's
+/// daemon listens there unless the operator's config pins `shim.socket_dir`.
+#[test]
+fn start_listens_in_the_engines_socket_dir_unless_the_config_pins_one() {
+    use containerd_shim_protos::bootstrap_api::BootstrapParams;
+    use protobuf::Message;
+    let env = env();
+    let ns = env.namespace("catalogue-sockdir");
+    let engine_dir = ns.dir.join("engine-s");
+    let unpinned = ns.dir.join("unpinned.toml");
+    std::fs::write(&unpinned, format!("[runtime]\nroot = {:?}\n", ns.runtime_root)).unwrap();
+    for (id, config, want) in [("sd1", &unpinned, &engine_dir), ("sd2", &ns.config, &ns.socket_dir)] {
+        let b = crio_bundle(&ns, id, id, &["true"], |_| {});
+        let params = BootstrapParams {
+            instance_id: id.into(),
+            namespace: "default".into(),
+            socket_dir: Some(engine_dir.display().to_string()),
+            ..Default::default()
+        };
+        let o = start_with(config, &params.write_to_bytes().unwrap(), &b.dir, id);
+        assert!(o.status.success(), "{}", text(&o));
+        let address = String::from_utf8_lossy(&o.stdout).into_owned();
+        let socket = Path::new(address.trim_start_matches("unix://"));
+        assert_eq!(socket.parent(), Some(want.as_path()), "{id}: {address}");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let client = task_client(&address).await;
+            crate::common::shutdown(&client, id).await;
+        });
+        assert!(crate::common::wait_until(std::time::Duration::from_secs(10), || {
+            crate::common::daemons_in(&b.dir).is_empty() && !socket.exists()
+        }));
+    }
+    assert_clean(env, &ns);
+}
+
 /// `start` as engines and direct callers may run it: refused without an id or a config.json,
 /// never refused for what is on stdin.
 #[test]

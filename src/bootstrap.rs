@@ -135,7 +135,7 @@ pub fn start(flags: &Flags, stdin: &[u8]) -> Result<Started, BootstrapError> {
     let engine = options::from_stdin(stdin, &flags.id, &flags.namespace);
     let (config, _) = Config::resolve(engine.config_path.as_deref())?;
     let group = spec::group_id(&annotations).unwrap_or_else(|| flags.id.clone());
-    let socket_dir = &config.shim.socket_dir;
+    let socket_dir = &config.shim.socket_dir_for(engine.socket_dir.as_deref().map(Path::new));
     files::private_dir(socket_dir).map_err(io_err("create", socket_dir))?;
     let sock = socket_path(socket_dir, &flags.namespace, &group)?;
     let address = format!("unix://{}", sock.display());
@@ -354,7 +354,12 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
         None => {
             let (c, _) = Config::resolve(None)?;
             let root = c.runtime.root.join(&flags.namespace);
-            (c.runtime.binary, root, c.runtime.systemd_cgroup, c.shim.socket_dir)
+            (
+                c.runtime.binary,
+                root,
+                c.runtime.systemd_cgroup,
+                c.shim.socket_dir_for(None),
+            )
         }
     };
     let rt: Box<dyn Runtime> = if binary == crate::sandbox::RECORD_BINARY {

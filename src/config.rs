@@ -28,15 +28,33 @@ pub struct Config {
 #[serde(default, deny_unknown_fields)]
 pub struct ShimConfig {
     /// Directory of the daemons' ttrpc sockets; keep it short (sockets are limited to 108 bytes).
-    pub socket_dir: PathBuf,
+    /// Unset: the engine's (containerd 2.x `BootstrapParams.socket_dir`), else
+    /// [`DEFAULT_SOCKET_DIR`]; see [`ShimConfig::socket_dir_for`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_dir: Option<PathBuf>,
     /// `debug`, `info`, `warn` or `error`; `-debug` on the command line forces `debug`.
     pub log_level: String,
+}
+
+/// Where daemons' sockets go when neither the config nor the engine names a directory.
+pub const DEFAULT_SOCKET_DIR: &str = "/run/gantry/s";
+
+impl ShimConfig {
+    /// The socket directory for a daemon: the operator's pin, else the one the engine passed
+    /// (containerd 2.x keeps shim sockets under its state directory, and k3s or rke2 move
+    /// that), else [`DEFAULT_SOCKET_DIR`]. An engine's relative path is ignored.
+    pub fn socket_dir_for(&self, engine: Option<&Path>) -> PathBuf {
+        self.socket_dir
+            .clone()
+            .or_else(|| engine.filter(|p| p.is_absolute()).map(Path::to_path_buf))
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET_DIR))
+    }
 }
 
 impl Default for ShimConfig {
     fn default() -> Self {
         Self {
-            socket_dir: PathBuf::from("/run/gantry/s"),
+            socket_dir: None,
             log_level: "info".into(),
         }
     }
@@ -197,7 +215,7 @@ impl Config {
         if let Err((key, msg)) = self.security.validate() {
             return Err(Config::invalid(path, find(key), format!("security.{key}"), msg));
         }
-        if !self.shim.socket_dir.is_absolute() {
+        if self.shim.socket_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
             let msg = "must be an absolute path".to_string();
             return Err(Config::invalid(path, find("socket_dir"), "shim.socket_dir".into(), msg));
         }
@@ -272,6 +290,21 @@ fn locate(text: &str, offset: usize) -> (usize, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_socket_directory_is_the_pin_then_the_engines_then_the_default() {
+        let unpinned = ShimConfig::default();
+        let engine = Path::new("/run/containerd/s");
+        assert_eq!(unpinned.socket_dir_for(None), Path::new(DEFAULT_SOCKET_DIR));
+        assert_eq!(unpinned.socket_dir_for(Some(engine)), engine);
+        assert_eq!(
+            unpinned.socket_dir_for(Some(Path::new("rel/s"))),
+            Path::new(DEFAULT_SOCKET_DIR)
+        );
+        let pinned = Config::parse(Path::new("t.toml"), "[shim]\nsocket_dir = \"/run/pin\"\n").unwrap();
+        assert_eq!(pinned.shim.socket_dir_for(Some(engine)), Path::new("/run/pin"));
+        assert_eq!(pinned.shim.socket_dir_for(None), Path::new("/run/pin"));
+    }
 
     #[test]
     fn defaults_roundtrip_through_documented_file() {

@@ -14,6 +14,8 @@ pub struct EngineOptions {
     pub root: Option<String>,
     pub systemd_cgroup: bool,
     pub config_path: Option<String>,
+    /// containerd 2.x's `BootstrapParams.socket_dir` (only on `start`'s stdin).
+    pub socket_dir: Option<String>,
 }
 
 fn non_empty(s: &str) -> Option<String> {
@@ -48,7 +50,7 @@ pub fn from_any(any: &Any) -> EngineOptions {
                 binary_name: non_empty(&o.binary_name),
                 root: non_empty(&o.root),
                 systemd_cgroup: o.systemd_cgroup,
-                config_path: None,
+                ..Default::default()
             };
         }
     }
@@ -69,13 +71,17 @@ pub fn from_stdin(data: &[u8], id: &str, namespace: &str) -> EngineOptions {
     }
     if let Ok(p) = BootstrapParams::parse_from_bytes(data) {
         if p.instance_id == id && p.namespace == namespace {
-            return p
+            let options = p
                 .extensions
                 .iter()
                 .filter_map(|e| e.value.as_ref())
                 .map(from_any)
                 .find(|o| *o != EngineOptions::default())
                 .unwrap_or_default();
+            return EngineOptions {
+                socket_dir: p.socket_dir.clone().filter(|d| !d.is_empty()),
+                ..options
+            };
         }
     }
     Any::parse_from_bytes(data).map(|a| from_any(&a)).unwrap_or_default()
@@ -136,5 +142,22 @@ mod tests {
         assert_eq!(from_stdin(&bytes, "other", "k8s.io"), EngineOptions::default());
         // garbage
         assert_eq!(from_stdin(&[0xff, 0xff, 0x01], "c", "ns"), EngineOptions::default());
+    }
+
+    /// containerd 2.3 always sends `socket_dir` (field 9), with or without options.
+    #[test]
+    fn the_engines_socket_directory_is_taken_from_bootstrap_params() {
+        let p = BootstrapParams {
+            instance_id: "c".into(),
+            namespace: "k8s.io".into(),
+            socket_dir: Some("/run/containerd/s".into()),
+            ..Default::default()
+        };
+        let bytes = p.write_to_bytes().unwrap();
+        assert_eq!(bytes[bytes.len() - 19..][..2], [0x4a, 17], "field 9, length-delimited");
+        let o = from_stdin(&bytes, "c", "k8s.io");
+        assert_eq!(o.socket_dir.as_deref(), Some("/run/containerd/s"));
+        assert_eq!(o.binary_name, None);
+        assert_eq!(from_stdin(&bytes, "other", "k8s.io").socket_dir, None);
     }
 }

@@ -39,7 +39,7 @@ pub struct RuntimeRecord {
 }
 
 fn default_socket_dir() -> PathBuf {
-    crate::config::ShimConfig::default().socket_dir
+    PathBuf::from(crate::config::DEFAULT_SOCKET_DIR)
 }
 
 /// Builds a container's runtime from the engine's options, the config, the namespace and the
