@@ -12,6 +12,7 @@ mod gpu;
 mod install;
 mod lifecycle;
 mod metrics;
+mod node;
 mod sandbox;
 mod security;
 mod stats_oom;

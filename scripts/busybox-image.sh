@@ -37,7 +37,12 @@ chmod 1777 "$rootfs/tmp"
 # A pause image (COMMAND /pause) gets a real pause program, built from the test fixture.
 if [ "$cmd_json" = '["/pause"]' ]; then
   here=$(cd "$(dirname "$0")/.." && pwd)
-  cc -static -Os -o "$rootfs/pause" "$here/integration/fixtures/pause.c"
+  # GANTRY_PAUSE_BIN: one built beforehand (the node lane's guest has no compiler).
+  if [ -n "${GANTRY_PAUSE_BIN:-}" ]; then
+    cp "$GANTRY_PAUSE_BIN" "$rootfs/pause"
+  else
+    cc -static -Os -o "$rootfs/pause" "$here/integration/fixtures/pause.c"
+  fi
 fi
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$rootfs/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' > "$rootfs/etc/group"

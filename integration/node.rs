@@ -1,0 +1,273 @@
+//! What only a production-shaped node shows: systemd as PID 1, cgroup v2 with every
+//! controller, a `Type=notify` containerd, full capabilities. These tests run in the guest of
+//! `scripts/test.sh --node` (`scripts/node-vm.sh`); elsewhere cargo lists them as ignored with
+//! the reason, never as passed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::{assert_clean, env, run, text, wait_until, Env, Ns, IMAGE, RUNTIME, SHIM};
+
+const NODE: &str = "needs the production-shaped node: run through scripts/test.sh --node";
+
+/// Fails loudly when run (`--ignored`) anywhere but on such a node.
+fn on_node() -> &'static Env {
+    let fs = run(Command::new("stat").args(["-fc", "%T", "/sys/fs/cgroup"]));
+    assert_eq!(
+        String::from_utf8_lossy(&fs.stdout).trim(),
+        "cgroup2fs",
+        "not a cgroup v2 host: {NODE}"
+    );
+    let init = std::fs::read_to_string("/proc/1/comm").unwrap_or_default();
+    assert_eq!(init.trim(), "systemd", "PID 1 is not systemd: {NODE}");
+    env()
+}
+
+fn pid_file(bundle: &Path, name: &str) -> i32 {
+    std::fs::read_to_string(bundle.join(name))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The v2 cgroup directory of a process, from its `0::` line.
+fn cgroup_dir(pid: i32) -> PathBuf {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let path = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("a v2 cgroup line");
+    Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'))
+}
+
+fn read(dir: &Path, file: &str) -> String {
+    std::fs::read_to_string(dir.join(file))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn metrics(ns: &str, id: &str) -> serde_json::Value {
+    let o = env().ctr(ns, &["task", "metrics", "--format", "json", id]);
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("metrics json: {e}: {}", text(&o)))
+}
+
+/// Sends Update with `resources` (LinuxResources JSON) to the daemon serving `bundle`.
+fn update(bundle: &Path, resources: &str) {
+    use containerd_shim_protos::api::UpdateTaskRequest;
+    let address = std::fs::read_to_string(bundle.join("address")).unwrap();
+    let mut any = protobuf::well_known_types::any::Any::new();
+    any.type_url = "opencontainers/runtime-spec/1/LinuxResources".into();
+    any.value = resources.as_bytes().to_vec();
+    let req = UpdateTaskRequest {
+        id: "box".into(),
+        resources: protobuf::MessageField::some(any),
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = crate::common::task_client(&address).await;
+        client.update(crate::common::ctx(), &req).await.unwrap();
+    });
+}
+
+/// Limits, Stats, Update, Pause/Resume and cleanup on cgroup v2, through runc and crun.
+#[test]
+#[ignore = "needs the production-shaped node: run through scripts/test.sh --node"]
+fn cgroup_v2_limits_stats_update_freeze_and_cleanup() {
+    let env = on_node();
+    for (label, extra) in [("runc", ""), ("crun", "[runtime]\nbinary = \"crun\"\n")] {
+        let ns = env.namespace_with(&format!("node-v2-{label}"), extra);
+        let flags = ["--memory-limit", "67108864", "--cpus", "0.5"];
+        let o = env.ctr_run_detached(&ns, "box", &flags, &["sleep", "1000"]);
+        assert!(o.status.success(), "{label}: {}", text(&o));
+        env.wait_status(&ns.name, "box", "RUNNING");
+        let pid = pid_file(&env.bundle(&ns.name, "box"), "init.pid");
+        let dir = cgroup_dir(pid);
+        assert_eq!(read(&dir, "memory.max"), "67108864", "{label}: {}", dir.display());
+        assert_eq!(read(&dir, "cpu.max"), "50000 100000", "{label}");
+
+        // io.containerd.cgroups.v2.Metrics: `usage_limit` exists only there.
+        let m = metrics(&ns.name, "box");
+        assert_eq!(m["memory"]["usage_limit"].as_u64(), Some(67108864), "{label}: {m}");
+        assert!(m["memory"]["usage"].as_u64().unwrap_or(0) > 0, "{label}: {m}");
+        assert_eq!(m["pids"]["current"].as_u64(), Some(1), "{label}: {m}");
+
+        // ctr 1.6 has no `task update`: the Task API's Update, straight to the daemon.
+        update(
+            &env.bundle(&ns.name, "box"),
+            r#"{"memory":{"limit":134217728},"pids":{"limit":77}}"#,
+        );
+        assert_eq!(read(&dir, "memory.max"), "134217728", "{label}");
+        assert_eq!(read(&dir, "pids.max"), "77", "{label}");
+
+        let o = env.ctr(&ns.name, &["task", "pause", "box"]);
+        assert!(o.status.success(), "{label}: {}", text(&o));
+        env.wait_status(&ns.name, "box", "PAUSED");
+        assert_eq!(read(&dir, "cgroup.freeze"), "1", "{label}");
+        let o = env.ctr(&ns.name, &["task", "resume", "box"]);
+        assert!(o.status.success(), "{label}: {}", text(&o));
+        env.wait_status(&ns.name, "box", "RUNNING");
+        assert_eq!(read(&dir, "cgroup.freeze"), "0", "{label}");
+
+        env.kill_and_remove(&ns.name, "box");
+        assert!(
+            wait_until(Duration::from_secs(10), || !dir.exists()),
+            "{label}: {} left behind",
+            dir.display()
+        );
+        assert_clean(env, &ns);
+    }
+}
+
+/// gantry's `systemd_cgroup = true`: the container runs in a transient scope under its slice
+/// with the spec's limit, and the scope is gone after delete.
+#[test]
+#[ignore = "needs the production-shaped node: run through scripts/test.sh --node"]
+fn the_systemd_cgroup_driver_runs_the_container_in_a_scope_it_removes() {
+    let env = on_node();
+    let ns = env.namespace_with("node-systemd", "[runtime]\nsystemd_cgroup = true\n");
+    let scope = format!("gantry-{}.scope", ns.name);
+    let cgroup = format!("gantrytest.slice:gantry:{}", ns.name);
+    let flags = ["--cgroup", cgroup.as_str(), "--memory-limit", "67108864"];
+    let o = env.ctr_run_detached(&ns, "box", &flags, &["sleep", "1000"]);
+    assert!(o.status.success(), "{}", text(&o));
+    env.wait_status(&ns.name, "box", "RUNNING");
+    let pid = pid_file(&env.bundle(&ns.name, "box"), "init.pid");
+    let dir = cgroup_dir(pid);
+    assert!(
+        dir.ends_with(format!("gantrytest.slice/{scope}")),
+        "not in its scope: {}",
+        dir.display()
+    );
+    assert_eq!(read(&dir, "memory.max"), "67108864");
+    let active = run(Command::new("systemctl").args(["is-active", &scope]));
+    assert_eq!(
+        String::from_utf8_lossy(&active.stdout).trim(),
+        "active",
+        "{}",
+        text(&active)
+    );
+
+    env.kill_and_remove(&ns.name, "box");
+    let gone = wait_until(Duration::from_secs(10), || {
+        let units = run(Command::new("systemctl").args(["list-units", "--all", "--no-legend", &scope]));
+        !String::from_utf8_lossy(&units.stdout).contains(&scope)
+    });
+    assert!(gone, "{scope} is still listed after delete");
+    assert_clean(env, &ns);
+}
+
+fn system_ctr(args: &[&str]) -> std::process::Output {
+    run(Command::new("ctr")
+        .args(["--address", "/run/containerd/containerd.sock", "-n", "gantry-node"])
+        .args(args))
+}
+
+fn environ(pid: i32) -> String {
+    String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default()).replace('\0', "\n")
+}
+
+/// The node's own containerd, started by systemd as `Type=notify`, has `NOTIFY_SOCKET` in its
+/// environment; a detached container through gantry still reaches RUNNING at once.
+#[test]
+#[ignore = "needs the production-shaped node: run through scripts/test.sh --node"]
+fn a_detached_container_under_the_nodes_type_notify_containerd_runs() {
+    let env = on_node();
+    let main_pid = run(Command::new("systemctl").args(["show", "-p", "MainPID", "--value", "containerd"]));
+    let main_pid: i32 = String::from_utf8_lossy(&main_pid.stdout).trim().parse().unwrap_or(0);
+    assert!(main_pid > 0, "the node's containerd is not running");
+    assert!(
+        environ(main_pid).contains("NOTIFY_SOCKET="),
+        "systemd gave containerd no NOTIFY_SOCKET"
+    );
+    // containerd finds shims in its PATH, as on a node with gantry installed.
+    let link = Path::new("/usr/local/bin/containerd-shim-gantry-v2");
+    let _ = std::fs::remove_file(link);
+    std::os::unix::fs::symlink(SHIM, link).unwrap();
+    let o = system_ctr(&["images", "import", env.image_tar.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = system_ctr(&["run", "-d", "--runtime", RUNTIME, IMAGE, "notify1", "sleep", "1000"]);
+    assert!(
+        o.status.success(),
+        "ctr run -d under the node's containerd: {}",
+        text(&o)
+    );
+    let running = wait_until(Duration::from_secs(10), || {
+        String::from_utf8_lossy(&system_ctr(&["task", "ls"]).stdout).contains("RUNNING")
+    });
+    let pids = system_ctr(&["task", "ls"]);
+    assert!(running, "{}", text(&pids));
+    let ls = String::from_utf8_lossy(&pids.stdout).into_owned();
+    let pid: i32 = ls
+        .lines()
+        .find(|l| l.starts_with("notify1"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    assert!(pid > 0, "{ls}");
+    assert!(
+        !environ(pid).contains("NOTIFY_SOCKET"),
+        "the container got NOTIFY_SOCKET"
+    );
+    let o = system_ctr(&["task", "kill", "-s", "SIGKILL", "notify1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stopped = wait_until(Duration::from_secs(10), || {
+        String::from_utf8_lossy(&system_ctr(&["task", "ls"]).stdout).contains("STOPPED")
+    });
+    assert!(stopped);
+    let o = system_ctr(&["task", "delete", "notify1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = system_ctr(&["container", "delete", "notify1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let _ = std::fs::remove_file(link);
+}
+
+/// Every capability up to `cap_last_cap`, which this project's build machines lack.
+#[test]
+#[ignore = "needs the production-shaped node: run through scripts/test.sh --node"]
+fn a_privileged_container_has_every_capability() {
+    let env = on_node();
+    let ns = env.namespace("node-priv");
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let all = (1u64 << (last + 1)) - 1;
+    let o = env.ctr_run(&ns, "priv", &["--privileged"], &["grep", "CapEff", "/proc/self/status"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let hex = out.split_whitespace().nth(1).unwrap_or("");
+    assert_eq!(u64::from_str_radix(hex, 16).ok(), Some(all), "{out}");
+    assert_clean(env, &ns);
+}
+
+/// CRI-O gives infra containers -998: applied by runc where CAP_SYS_RESOURCE is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the production-shaped node: run through scripts/test.sh --node"]
+async fn a_negative_oom_score_adj_is_applied() {
+    use crate::common::{
+        crio_bundle, crio_create_req, crio_kill_and_remove, crio_start, ctx, open_fifo_reader, task_client,
+    };
+    let env = on_node();
+    let ns: Ns = env.namespace("node-oomadj");
+    let b = crio_bundle(&ns, "adj", "adj", &["sleep", "1000"], |s| {
+        s["process"]["oomScoreAdj"] = (-998).into();
+    });
+    let o = crio_start(&ns, &b.dir, "adj", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+    let created = client.create(ctx(), &crio_create_req(&b)).await.unwrap();
+    let adj = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", created.pid)).unwrap();
+    assert_eq!(adj.trim(), "-998");
+    crio_kill_and_remove(&client, "adj").await;
+    assert_clean(env, &ns);
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The production-shaped node lane (run it as `scripts/test.sh --node`): builds the test
+# binaries here, then runs inside the Debian guest of scripts/node-vm.sh every integration
+# test whose behaviour depends on the host's shape. Extra arguments replace the default test
+# filters (e.g. `scripts/test.sh --node node::`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Modules and tests that exercise cgroups, systemd, capabilities, OOM and the engines; the
+# `node::` tests exist only for the guest (ignored elsewhere).
+FILTERS=(node:: stats_oom::oom stats_oom::crio_oom containerd:: crio::)
+[ $# -gt 0 ] && FILTERS=("$@")
+
+echo "== node lane: building the test binaries on the host"
+exe=$(cargo test --no-run --test integration --message-format=json 2>/dev/null |
+  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+[ -x "$exe" ] || { echo "node-lane: no integration test binary found" >&2; exit 1; }
+# The guest has no C compiler: the pause program the sandbox tests use is built here.
+mkdir -p target/node
+cc -static -Os -o target/node/pause integration/fixtures/pause.c
+
+echo "== node lane: ${FILTERS[*]} in the guest"
+guest="set -e
+export GANTRY_PAUSE_BIN=$PWD/target/node/pause RUST_BACKTRACE=1
+echo \"node: \$(uname -r), \$(stat -fc %T /sys/fs/cgroup), apparmor=\$(cat /sys/module/apparmor/parameters/enabled), pid1=\$(cat /proc/1/comm)\"
+$exe --include-ignored --test-threads=2 ${FILTERS[*]}"
+exec scripts/node-vm.sh run --timeout "${GANTRY_NODE_TIMEOUT:-1800}" -- "$guest"
