@@ -110,8 +110,11 @@ pub fn compact_lowerdirs(options: &[String]) -> (Option<String>, Vec<String>) {
     for l in &lowers[1..] {
         common = common.min(first.bytes().zip(l.bytes()).take_while(|(a, b)| a == b).count());
     }
-    // Back to a whole directory: the prefix up to and including its last '/'.
-    let Some(cut) = first[..common].rfind('/') else {
+    // Back to a whole directory: the prefix up to and including its last '/'. Found in bytes:
+    // the common byte count may end inside a multi-byte character ("/s/é" and "/s/è" share
+    // the first byte of both), where a string slice would panic; after an ASCII '/' is always
+    // a character boundary.
+    let Some(cut) = first.as_bytes()[..common].iter().rposition(|b| *b == b'/') else {
         return (None, options.to_vec());
     };
     let prefix = &first[..=cut];
@@ -244,6 +247,10 @@ mod tests {
         let (chdir, _) = compact_lowerdirs(&words(&["lowerdir=/a/x:/b/y"]));
         assert_eq!(chdir, None);
         // A shared name prefix is not a shared directory.
+        // Layers that differ inside a multi-byte character.
+        let (chdir, opts) = compact_lowerdirs(&words(&["lowerdir=/s/\u{e9}1:/s/\u{e8}2"]));
+        assert_eq!(chdir.as_deref(), Some("/s/"));
+        assert_eq!(opts, words(&["lowerdir=\u{e9}1:\u{e8}2"]));
         let (chdir, opts) = compact_lowerdirs(&words(&["lowerdir=/s/layer10:/s/layer11"]));
         assert_eq!(chdir.as_deref(), Some("/s/"));
         assert_eq!(opts, words(&["lowerdir=layer10:layer11"]));
