@@ -871,11 +871,12 @@ async fn wrong_state_cases(c: &TaskClient, expect: &mut impl FnMut(&str, Result<
     expect("signal 65", r, Some(Code::INVALID_ARGUMENT));
 }
 
-/// Runs `start` CRI-O style (no TTRPC_ADDRESS) with `config` and `stdin`.
-fn start_with(config: &Path, stdin: &[u8], dir: &Path, id: &str) -> std::process::Output {
+/// Runs the shim with `args` CRI-O style (no TTRPC_ADDRESS, cwd the bundle) with `config`
+/// and `stdin`.
+fn shim_with(args: &[&str], config: &Path, stdin: &[u8], dir: &Path) -> std::process::Output {
     use std::io::Write;
     let mut child = Command::new(SHIM)
-        .args(["-namespace", "default", "-address", "", "-id", id, "start"])
+        .args(args)
         .current_dir(dir)
         .env("TTRPC_ADDRESS", "")
         .env("GANTRY_CONFIG", config)
@@ -907,7 +908,8 @@ fn start_listens_in_the_engines_socket_dir_unless_the_config_pins_one() {
             socket_dir: Some(engine_dir.display().to_string()),
             ..Default::default()
         };
-        let o = start_with(config, &params.write_to_bytes().unwrap(), &b.dir, id);
+        let args = ["-namespace", "default", "-address", "", "-id", id, "start"];
+        let o = shim_with(&args, config, &params.write_to_bytes().unwrap(), &b.dir);
         assert!(o.status.success(), "{}", text(&o));
         let address = String::from_utf8_lossy(&o.stdout).into_owned();
         let socket = Path::new(address.trim_start_matches("unix://"));
@@ -934,21 +936,7 @@ fn start_arguments_and_stdin() {
     let env = env();
     let ns = env.namespace("catalogue-start");
     let b = crio_bundle(&ns, "st1", "st1", &["true"], |_| {});
-    let shim = |args: &[&str], stdin: &[u8], dir: &Path| {
-        use std::io::Write;
-        let mut child = Command::new(SHIM)
-            .args(args)
-            .current_dir(dir)
-            .env("TTRPC_ADDRESS", "")
-            .env("GANTRY_CONFIG", &ns.config)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(stdin).unwrap();
-        child.wait_with_output().unwrap()
-    };
+    let shim = |args: &[&str], stdin: &[u8], dir: &Path| shim_with(args, &ns.config, stdin, dir);
     let o = shim(&["-namespace", "default", "-address", "", "start"], b"", &b.dir);
     assert!(
         !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("invalid id"),
