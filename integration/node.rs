@@ -271,3 +271,22 @@ async fn a_negative_oom_score_adj_is_applied() {
     crio_kill_and_remove(&client, "adj").await;
     assert_clean(env, &ns);
 }
+
+/// With the default config (no `[security]` table), a spec naming a profile the node has not
+/// loaded fails Create with gantry's error naming it, not runc's write error.
+#[test]
+#[ignore = "needs the production-shaped node: run through scripts/test.sh --node"]
+fn a_named_apparmor_profile_that_is_not_loaded_fails_create_clearly() {
+    let env = on_node();
+    let ns = env.namespace("node-aa");
+    let o = env.ctr_run(&ns, "aa", &["--apparmor-profile", "gantry-test-missing"], &["true"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("\"gantry-test-missing\"") && err.contains("is not loaded on this host"),
+        "{}",
+        text(&o)
+    );
+    let _ = env.ctr(&ns.name, &["container", "delete", "aa"]);
+    assert_clean(env, &ns);
+}

@@ -336,9 +336,13 @@ impl Edits {
 /// is refused) but is judged by the security policy all the same.
 pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config) -> Result<Edits, SpecError> {
     let devices = edit_devices(bundle, loaded, config)?;
-    // Without a policy only an engine profile needs a look (validation); skip the JSON then.
+    // Without a policy only the engine's profiles need a look (seccomp validation, AppArmor
+    // loaded); skip the JSON then.
     let has_profile = match &loaded.spec {
-        Ok(spec) => spec.linux().as_ref().is_some_and(|l| l.seccomp().is_some()),
+        Ok(spec) => {
+            spec.linux().as_ref().is_some_and(|l| l.seccomp().is_some())
+                || spec.process().as_ref().is_some_and(|p| p.apparmor_profile().is_some())
+        }
         Err(_) => true,
     };
     if !has_profile && config.security == security::SecurityConfig::default() {

@@ -77,6 +77,20 @@ impl Outcome {
     }
 }
 
+/// Whatever the policy: a profile the spec names on a host with AppArmor on must be loaded,
+/// or Create fails with gantry's error naming it. Otherwise runc fails later with `write
+/// /proc/self/attr/apparmor/exec: no such file or directory`.
+pub fn check_named(current: Option<&str>, host: &Host) -> Result<(), AppArmorError> {
+    match current.filter(|p| !p.is_empty() && *p != "unconfined") {
+        Some(p) if host.enabled() && !host.loaded(p) => Err(AppArmorError::NotLoaded {
+            profile: p.to_string(),
+            from: "from the engine",
+            listing: host.listing().display().to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The decision for a container whose spec names `current` (None: no profile).
 pub fn decide(
     current: Option<&str>,
@@ -196,6 +210,31 @@ mod tests {
         );
         let e = decide(None, false, "absent", keep, &h).unwrap_err().to_string();
         assert!(e.contains("security.apparmor_default"), "{e}");
+    }
+
+    #[test]
+    fn a_named_profile_must_be_loaded_where_apparmor_is_on() {
+        let on = fixture(true, &["crio-default"]);
+        let (sec, sys) = host(&on);
+        let h = Host {
+            securityfs: &sec,
+            sysfs: &sys,
+        };
+        assert!(check_named(Some("crio-default"), &h).is_ok());
+        assert!(check_named(Some("unconfined"), &h).is_ok());
+        assert!(check_named(None, &h).is_ok());
+        let e = check_named(Some("missing"), &h).unwrap_err().to_string();
+        assert!(e.contains("\"missing\"") && e.contains("not loaded"), "{e}");
+        let off = fixture(false, &[]);
+        let (sec, sys) = host(&off);
+        let h = Host {
+            securityfs: &sec,
+            sysfs: &sys,
+        };
+        assert!(
+            check_named(Some("missing"), &h).is_ok(),
+            "no AppArmor: the policy decides"
+        );
     }
 
     #[test]

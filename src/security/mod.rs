@@ -333,6 +333,12 @@ pub fn apply(doc: &mut Value, cfg: &SecurityConfig) -> Result<Report, SecurityEr
         report.unknown_syscalls =
             seccomp::validate_cached(p, checks(cfg)).map_err(|error| SecurityError::Seccomp { from, error })?;
     }
+    let named = doc.pointer("/process/apparmorProfile").and_then(Value::as_str);
+    let host = apparmor::Host {
+        securityfs: &cfg.apparmor_securityfs,
+        sysfs: &cfg.apparmor_sysfs,
+    };
+    apparmor::check_named(named, &host)?;
     if *cfg == SecurityConfig::default() {
         return Ok(report);
     }
