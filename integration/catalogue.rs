@@ -889,6 +889,18 @@ fn shim_with(args: &[&str], config: &Path, stdin: &[u8], dir: &Path) -> std::pro
     child.wait_with_output().unwrap()
 }
 
+/// Sends Shutdown for `id` to the daemon at `address`, from a test that has no runtime.
+fn shutdown_at(address: &str, id: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = task_client(address).await;
+        crate::common::shutdown(&client, id).await;
+    });
+}
+
 /// containerd 2.3 passes its socket directory in `BootstrapParams.socket_dir`: gantry's
 /// daemon listens there unless the operator's config pins `shim.socket_dir`.
 #[test]
@@ -914,14 +926,7 @@ fn start_listens_in_the_engines_socket_dir_unless_the_config_pins_one() {
         let address = String::from_utf8_lossy(&o.stdout).into_owned();
         let socket = Path::new(address.trim_start_matches("unix://"));
         assert_eq!(socket.parent(), Some(want.as_path()), "{id}: {address}");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let client = task_client(&address).await;
-            crate::common::shutdown(&client, id).await;
-        });
+        shutdown_at(&address, id);
         assert!(crate::common::wait_until(std::time::Duration::from_secs(10), || {
             crate::common::daemons_in(&b.dir).is_empty() && !socket.exists()
         }));
@@ -969,14 +974,7 @@ fn start_arguments_and_stdin() {
         );
     }
     let address = std::fs::read_to_string(b.dir.join("address")).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let client = task_client(&address).await;
-        crate::common::shutdown(&client, "st1").await;
-    });
+    shutdown_at(&address, "st1");
     assert!(crate::common::wait_until(std::time::Duration::from_secs(10), || {
         crate::common::daemons_in(&b.dir).is_empty()
     }));
