@@ -290,3 +290,55 @@ fn a_named_apparmor_profile_that_is_not_loaded_fails_create_clearly() {
     let _ = env.ctr(&ns.name, &["container", "delete", "aa"]);
     assert_clean(env, &ns);
 }
+
+/// The AppArmor label of a fresh container process, as `/proc/self/attr/current` shows it.
+fn label(env: &Env, ns: &Ns, id: &str, extra: &[&str]) -> String {
+    let o = env.ctr_run(ns, id, extra, &["cat", "/proc/self/attr/current"]);
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// `apparmor_default = "gantry-default"`: gantry loads its own profile the first time it is
+/// needed (here it is unloaded first), unprivileged containers run confined by it, a mount
+/// the profile denies is refused even with CAP_SYS_ADMIN (the same mount succeeds
+/// unconfined), and privileged containers stay unconfined.
+#[test]
+#[ignore = "needs the production-shaped node: run through scripts/test.sh --node"]
+fn gantry_default_is_loaded_on_demand_and_confines_unprivileged_containers() {
+    let env = on_node();
+    let profile = Path::new(env!("CARGO_MANIFEST_DIR")).join("runtime-conf/apparmor/gantry-default");
+    let listed = || std::fs::read_to_string("/sys/kernel/security/apparmor/profiles").unwrap_or_default();
+    if listed().lines().any(|l| l.starts_with("gantry-default ")) {
+        let o = run(Command::new("apparmor_parser").arg("-R").arg(&profile));
+        assert!(o.status.success(), "unload: {}", text(&o));
+    }
+    let mount = ["sh", "-c", "mkdir -p /tmp/m && mount -t tmpfs t /tmp/m && echo mounted"];
+    let cap = ["--cap-add", "CAP_SYS_ADMIN"];
+
+    let plain = env.namespace("node-aa-none");
+    assert_eq!(label(env, &plain, "u", &[]), "unconfined");
+    let o = env.ctr_run(&plain, "m", &cap, &mount);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("mounted"),
+        "control: {}",
+        text(&o)
+    );
+
+    let ns = env.namespace_with("node-aa-default", "[security]\napparmor_default = \"gantry-default\"\n");
+    assert_eq!(label(env, &ns, "c", &[]), "gantry-default (enforce)");
+    assert!(
+        listed().lines().any(|l| l == "gantry-default (enforce)"),
+        "{}",
+        listed()
+    );
+    let o = env.ctr_run(&ns, "m", &cap, &mount);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("mounted"), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("ermission denied"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(label(env, &ns, "p", &["--privileged"]), "unconfined");
+    assert_clean(env, &plain);
+    assert_clean(env, &ns);
+}

@@ -473,7 +473,7 @@ async fn criu_check(criu: &str, reaper: &Reaper) -> Result<(), String> {
     }
 }
 
-fn pipe_reader<T: Into<OwnedFd>>(p: T) -> std::io::Result<tokio::net::unix::pipe::Receiver> {
+pub(crate) fn pipe_reader<T: Into<OwnedFd>>(p: T) -> std::io::Result<tokio::net::unix::pipe::Receiver> {
     tokio::net::unix::pipe::Receiver::from_owned_fd(p.into())
 }
 

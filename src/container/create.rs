@@ -217,12 +217,16 @@ async fn prepare_bundle(
             return Err(invalid(format!("rootfs {} does not exist", root.display())));
         }
     }
+    let refused = |s: crate::security::SecurityError| TaskError::Refused {
+        reason: s.reason(),
+        message: format!("container {:?}: {s}", p.id),
+    };
+    crate::security::prepare_host(&config.security, reaper)
+        .await
+        .map_err(refused)?;
     let edits = spec::edit(&p.bundle, loaded, config).map_err(|e| match e {
         SpecError::Devices(d) => TaskError::InvalidArgument(d.to_string()),
-        SpecError::Security(s) => TaskError::Refused {
-            reason: s.reason(),
-            message: format!("container {:?}: {s}", p.id),
-        },
+        SpecError::Security(s) => refused(s),
         other => TaskError::Spec(other),
     })?;
     for w in &edits.devices.warnings {

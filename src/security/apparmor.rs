@@ -14,6 +14,8 @@ pub enum AppArmorError {
          (rejected by security.apparmor_unavailable = \"reject\")"
     )]
     Unavailable { profile: String },
+    #[error("AppArmor profile gantry-default could not be loaded with apparmor_parser: {0}")]
+    Load(String),
     #[error("AppArmor profile {profile:?} ({from}) is not loaded on this host (not listed in {listing})")]
     NotLoaded {
         profile: String,
@@ -73,6 +75,62 @@ impl Outcome {
             Outcome::Engine(p) => format!("engine:{p}"),
             Outcome::Default(p) => format!("default:{p}"),
             Outcome::Dropped(p) => format!("dropped:{p}"),
+        }
+    }
+}
+
+/// The profile gantry ships (`runtime-conf/apparmor/gantry-default`), loaded on demand.
+pub const GANTRY_DEFAULT: &str = "gantry-default";
+const GANTRY_DEFAULT_PROFILE: &str = include_str!("../../runtime-conf/apparmor/gantry-default");
+
+/// Loads gantry's own profile when the config makes it the default and an AppArmor host has
+/// not loaded it yet, as containerd loads `cri-containerd.apparmor.d`: `apparmor_parser -Kr`
+/// with the profile on stdin (`-K`: no cache written). Run by the reaper like any helper, so
+/// the daemon's thread never waits on it; once loaded, the kernel keeps it for every daemon.
+pub async fn ensure_default_loaded(
+    default: &str,
+    host: &Host<'_>,
+    reaper: &crate::reaper::Reaper,
+) -> Result<(), AppArmorError> {
+    if default != GANTRY_DEFAULT || !host.enabled() || host.loaded(GANTRY_DEFAULT) {
+        return Ok(());
+    }
+    load(GANTRY_DEFAULT_PROFILE, reaper).await
+}
+
+async fn load(profile: &str, reaper: &crate::reaper::Reaper) -> Result<(), AppArmorError> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    use tokio::io::AsyncReadExt;
+    const LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+    let since = std::time::Instant::now();
+    let mut child = Command::new("apparmor_parser")
+        .arg("-Kr")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| AppArmorError::Load(e.to_string()))?;
+    let pid = child.id() as i32;
+    let exit = reaper.subscribe_since(pid, Some(since));
+    // A few KiB: the pipe takes it whole, so this write does not wait on the parser.
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(profile.as_bytes());
+    }
+    let mut err = Vec::new();
+    if let Some(Ok(mut r)) = child.stderr.take().map(crate::runtime::pipe_reader) {
+        let _ = tokio::time::timeout(LIMIT, r.read_to_end(&mut err)).await;
+    }
+    match tokio::time::timeout(LIMIT, exit).await {
+        Ok(Ok(e)) if e.status == 0 => Ok(()),
+        Ok(Ok(e)) => Err(AppArmorError::Load(format!(
+            "exit status {}: {}",
+            e.status,
+            String::from_utf8_lossy(&err).trim()
+        ))),
+        _ => {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+            Err(AppArmorError::Load("did not finish within 60 s".into()))
         }
     }
 }

@@ -323,6 +323,16 @@ fn default_profile(
         .map_err(|error| SecurityError::Seccomp { from, error })
 }
 
+/// What the policy needs on the host before [`apply`] can decide: gantry's own AppArmor
+/// profile loaded where it is the default.
+pub async fn prepare_host(cfg: &SecurityConfig, reaper: &crate::reaper::Reaper) -> Result<(), SecurityError> {
+    let host = apparmor::Host {
+        securityfs: &cfg.apparmor_securityfs,
+        sysfs: &cfg.apparmor_sysfs,
+    };
+    Ok(apparmor::ensure_default_loaded(&cfg.apparmor_default, &host, reaper).await?)
+}
+
 /// Applies the policy to `doc` (the whole `config.json`). On error nothing was decided for
 /// the runtime: the caller writes nothing.
 pub fn apply(doc: &mut Value, cfg: &SecurityConfig) -> Result<Report, SecurityError> {
