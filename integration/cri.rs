@@ -15,7 +15,8 @@ use crate::common::cri_api::{
 };
 
 use crate::common::cri::{
-    cgroup_dir, cgroup_u64, container_config, cri, pod_config, Client, Cri, Daemon, PodGuard, HANDLER,
+    cgroup_dir, container_config, cpu_shares_as_held, cpu_usage_ns, cri, memory_limit, pod_config, Client, Cri, Daemon,
+    PodGuard, HANDLER,
 };
 use crate::common::wait_until;
 
@@ -179,7 +180,8 @@ fn assert_gantry_clean(cri: &Cri, ids: &[&str]) {
             if st.exists() {
                 left.push(format!("runtime state {}", st.display()));
             }
-            for ctl in ["memory", "cpu", "pids"] {
+            // v1 controllers, and "" for the v2 tree.
+            for ctl in ["memory", "cpu", "pids", ""] {
                 let cg = std::path::Path::new("/sys/fs/cgroup")
                     .join(ctl)
                     .join(crate::common::cri::CRI_NS)
@@ -282,7 +284,6 @@ async fn cri_gantry_pod_lifecycle() {
     assert!(String::from_utf8_lossy(&r.stdout).starts_with("sh\0-c\0trap"), "{r:?}");
 
     // ContainerStats: CPU in nanoseconds (matches cpuacct.usage read around it) and memory.
-    let cpuacct = cgroup_dir(work_pid, "cpuacct");
     let memory = cgroup_dir(work_pid, "memory");
     assert!(
         memory.ends_with(format!("k8s.io/{work}")),
@@ -295,7 +296,7 @@ async fn cri_gantry_pod_lifecycle() {
         std::fs::read_to_string(&log).unwrap_or_default().contains("started")
     });
     assert!(started, "no 'started' in {}", log.display());
-    let before = cgroup_u64(&cpuacct, "cpuacct.usage");
+    let before = cpu_usage_ns(work_pid);
     let stats = c
         .container_stats(ContainerStatsRequest {
             container_id: work.clone(),
@@ -305,12 +306,12 @@ async fn cri_gantry_pod_lifecycle() {
         .into_inner()
         .stats
         .unwrap();
-    let after = cgroup_u64(&cpuacct, "cpuacct.usage");
+    let after = cpu_usage_ns(work_pid);
     let cpu = stats.cpu.unwrap().usage_core_nano_seconds.unwrap().value;
     assert!(cpu > 0, "{stats:?}");
     assert!(
         before <= cpu && cpu <= after,
-        "CPU {cpu} ns not within cpuacct.usage {before}..{after}"
+        "CPU {cpu} ns not within the cgroup's usage {before}..{after}"
     );
     let mem = stats.memory.unwrap();
     let usage = mem.usage_bytes.unwrap().value;
@@ -320,7 +321,7 @@ async fn cri_gantry_pod_lifecycle() {
 
     // UpdateContainerResources changes the cgroup's memory limit.
     let limit: i64 = 96 << 20;
-    assert_ne!(cgroup_u64(&memory, "memory.limit_in_bytes"), limit as u64);
+    assert_ne!(memory_limit(work_pid), limit.to_string());
     c.update_container_resources(UpdateContainerResourcesRequest {
         container_id: work.clone(),
         linux: Some(LinuxContainerResources {
@@ -330,8 +331,9 @@ async fn cri_gantry_pod_lifecycle() {
     })
     .await
     .unwrap_or_else(|e| panic!("UpdateContainerResources: {e:?}\n{}", tail()));
-    assert_eq!(cgroup_u64(&memory, "memory.limit_in_bytes"), limit as u64);
-    assert_eq!(cgroup_u64(&cgroup_dir(work_pid, "cpu"), "cpu.shares"), 512);
+    assert_eq!(memory_limit(work_pid), limit.to_string());
+    let (held, want) = cpu_shares_as_held(work_pid, 512);
+    assert_eq!(held, want);
     let s = status(&mut c, &work).await;
     let res = s.status.unwrap().resources.unwrap().linux.unwrap();
     assert_eq!(res.memory_limit_in_bytes, limit);
@@ -470,6 +472,48 @@ async fn cri_two_gantry_pods_two_daemons() {
     stop_and_remove_pod(&mut c, &b).await;
     gb.disarm();
     assert_gantry_clean(cri, &[&a, &b, &xa, &xb]);
+}
+
+/// A container killed by the kernel's OOM killer is reported by containerd's CRI as
+/// `OOMKilled` with exit code 137: CRI reads gantry's `/tasks/oom` event, which comes first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cri_an_oom_killed_container_is_reported_oomkilled() {
+    use crate::common::cri_api::LinuxContainerResources;
+    let cri = cri().await;
+    let _turn = cri.serial().await;
+    let mut c = cri.client().await;
+    let name = pod_name("oom");
+    let config = pod_config(&name, &cri.pod_log_dir(&name));
+    let pod = run_pod(&mut c, &config, HANDLER).await;
+    let mut guard = PodGuard::new(cri, &pod);
+    let mut hog = container_config("hog", &["sh", "-c", "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; done"]);
+    if let Some(linux) = hog.linux.as_mut() {
+        linux.resources = Some(LinuxContainerResources {
+            memory_limit_in_bytes: 16 << 20,
+            cpu_shares: 0,
+        });
+    }
+    let id = c
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(hog),
+            sandbox_config: Some(config.clone()),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("CreateContainer: {e:?}\n{}", tail()))
+        .into_inner()
+        .container_id;
+    c.start_container(StartContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("StartContainer: {e:?}\n{}", tail()));
+    let s = wait_exited(&mut c, &id, Duration::from_secs(60)).await;
+    let st = s.status.unwrap();
+    assert_eq!((st.exit_code, st.reason.as_str()), (137, "OOMKilled"), "{st:?}");
+    stop_and_remove_pod(&mut c, &pod).await;
+    guard.disarm();
+    assert_gantry_clean(cri, &[&pod, &id]);
 }
 
 /// A pod without a runtime handler runs on containerd's default (runc): no gantry involved.

@@ -9,13 +9,14 @@ cd "$(dirname "$0")/.."
 # Modules and tests that exercise cgroups, systemd, capabilities, OOM and the engines; the
 # `node::` tests exist only for the guest (ignored elsewhere). Skipped here: tests that still
 # assume this project's build machines (cgroup v1 paths, no AppArmor, a namespace-imitated
-# systemd): cri::cri_gantry_pod_lifecycle, sandbox::*, security::crio_annotations_*.
+# systemd): sandbox::*, security::crio_annotations_*.
 FILTERS=(node:: stats_oom::oom stats_oom::crio_oom containerd:: crio:: lifecycle:: security:: cri::
-         --skip security::crio_annotations_engine_profiles_and_apparmor --skip cri::cri_gantry_pod_lifecycle)
+         --skip security::crio_annotations_engine_profiles_and_apparmor)
 [ $# -gt 0 ] && FILTERS=("$@")
 
 echo "== node lane: building the test binaries on the host"
 exe=$(cargo test --no-run --test integration --message-format=json 2>/dev/null |
+  grep '"kind":\["test"\]' | grep '"name":"integration"' |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 [ -x "$exe" ] || { echo "node-lane: no integration test binary found" >&2; exit 1; }
 # The guest has no C compiler: the pause program the sandbox tests use is built here.

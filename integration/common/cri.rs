@@ -410,6 +410,7 @@ pub fn container_config(name: &str, command: &[&str]) -> ContainerConfig {
         command: command.iter().map(|s| s.to_string()).collect(),
         log_path: format!("{name}.log"),
         linux: Some(LinuxContainerConfig {
+            resources: None,
             security_context: Some(LinuxContainerSecurityContext {
                 namespace_options: Some(host_network_namespaces()),
             }),
@@ -472,9 +473,59 @@ impl Drop for PodGuard {
     }
 }
 
-/// The cgroup v1 directory of `controller` that `pid` is in.
+/// Whether this host runs the unified cgroup v2 hierarchy at /sys/fs/cgroup (the node lane's
+/// guest) rather than v1 controllers (this project's build machines).
+pub fn cgroup_v2() -> bool {
+    nix::sys::statfs::statfs("/sys/fs/cgroup")
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+}
+
+/// The container's CPU time in ns: v1 `cpuacct.usage`, v2 `cpu.stat` `usage_usec`.
+pub fn cpu_usage_ns(pid: u32) -> u64 {
+    if !cgroup_v2() {
+        return cgroup_u64(&cgroup_dir(pid, "cpuacct"), "cpuacct.usage");
+    }
+    let stat = std::fs::read_to_string(cgroup_dir(pid, "cpu").join("cpu.stat")).unwrap();
+    let usec = stat.lines().find_map(|l| l.strip_prefix("usage_usec ")).unwrap();
+    usec.trim().parse::<u64>().unwrap() * 1000
+}
+
+/// The container's memory limit: v1 `memory.limit_in_bytes`, v2 `memory.max`.
+pub fn memory_limit(pid: u32) -> String {
+    let file = if cgroup_v2() {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    std::fs::read_to_string(cgroup_dir(pid, "memory").join(file))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// CPU shares as the cgroup holds them: v1 `cpu.shares`; v2 `cpu.weight`, given back as the
+/// weight runc maps `shares` to (1 + (shares - 2) * 9999 / 262142).
+pub fn cpu_shares_as_held(pid: u32, shares: u64) -> (u64, u64) {
+    if cgroup_v2() {
+        (
+            cgroup_u64(&cgroup_dir(pid, "cpu"), "cpu.weight"),
+            1 + (shares - 2) * 9999 / 262142,
+        )
+    } else {
+        (cgroup_u64(&cgroup_dir(pid, "cpu"), "cpu.shares"), shares)
+    }
+}
+
+/// The cgroup directory of `controller` that `pid` is in (v1), or its v2 directory.
 pub fn cgroup_dir(pid: u32, controller: &str) -> PathBuf {
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    if cgroup_v2() {
+        let path = cg
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or_else(|| panic!("no v2 line:\n{cg}"));
+        return Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    }
     for line in cg.lines() {
         let mut parts = line.splitn(3, ':');
         let (_, ctls, path) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));

@@ -182,6 +182,8 @@ pub struct LinuxContainerSecurityContext {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LinuxContainerConfig {
+    #[prost(message, optional, tag = "1")]
+    pub resources: Option<LinuxContainerResources>,
     #[prost(message, optional, tag = "2")]
     pub security_context: Option<LinuxContainerSecurityContext>,
 }
