@@ -2,7 +2,9 @@
 //! pause spec through the fast path and through `runc --systemd-cgroup`, compared field by
 //! field, both placed in scope units by systemd.
 //!
-//! This VM's PID 1 is not systemd and its controllers belong to cgroup v1, so the test builds
+//! On a systemd host with cgroup v2 (the node lane's guest) the host's own systemd does it.
+//! This project's VMs' PID 1 is not systemd and their controllers belong to cgroup v1, so there
+//! the test builds
 //! the nearest real thing: a mount namespace whose `/sys/fs/cgroup` is the cgroup2 hierarchy
 //! and whose `/run/systemd/system` exists (a systemd host, as runc and libcgroups check), with
 //! a systemd manager (`systemd --user`, root's, in a cgroup of its own) on a D-Bus daemon (the
@@ -22,15 +24,30 @@ use crate::common::crio_kill_and_remove;
 
 const SYSTEMD: &str = "/lib/systemd/systemd";
 
-/// A systemd manager and the mount namespace that makes it the host's, for one test.
+/// A systemd manager and the mount namespace that makes it the host's, for one test; on a
+/// real systemd host with cgroup v2 (the node lane's guest), the host's own systemd.
 struct SystemdHost {
-    holder: Child,
+    /// The imitation's namespace holder; `None` on a real systemd host.
+    holder: Option<Child>,
     cgroup: PathBuf,
     dir: PathBuf,
 }
 
+/// PID 1 is systemd and /sys/fs/cgroup is the unified hierarchy.
+fn real_systemd_host() -> bool {
+    let init = std::fs::read_to_string("/proc/1/comm").unwrap_or_default();
+    init.trim() == "systemd" && crate::common::cri::cgroup_v2()
+}
+
 impl SystemdHost {
     fn start(dir: &Path) -> SystemdHost {
+        if real_systemd_host() {
+            return SystemdHost {
+                holder: None,
+                cgroup: PathBuf::new(),
+                dir: dir.to_path_buf(),
+            };
+        }
         assert!(
             Path::new(SYSTEMD).exists(),
             "{SYSTEMD} is missing (scripts/deps.sh installs systemd)"
@@ -67,7 +84,7 @@ impl SystemdHost {
         let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
         let _ = std::io::BufRead::read_line(&mut out, &mut ready);
         let host = SystemdHost {
-            holder,
+            holder: Some(holder),
             cgroup,
             dir: dir.to_path_buf(),
         };
@@ -77,9 +94,12 @@ impl SystemdHost {
 
     /// `systemctl show UNIT -p PROPERTY` on this manager.
     fn show(&self, unit: &str, property: &str) -> String {
+        let Some(holder) = &self.holder else {
+            return text(&run(Command::new("systemctl").args(["show", unit, "-p", property])));
+        };
         let o = run(Command::new("nsenter")
             .arg("-t")
-            .arg(self.holder.id().to_string())
+            .arg(holder.id().to_string())
             .args(["-m", "--", "systemctl", "--user", "show", unit, "-p", property])
             .env("XDG_RUNTIME_DIR", self.dir.join("xdg")));
         text(&o)
@@ -91,10 +111,13 @@ impl SystemdHost {
 
     /// `start` as CRI-O runs it, inside this namespace.
     fn crio_start(&self, ns: &Ns, b: &CrioBundle) -> std::process::Output {
+        let Some(holder) = &self.holder else {
+            return crate::common::crio_start(ns, &b.dir, &b.id, b"");
+        };
         let mut nsenter = Command::new("nsenter");
         nsenter
             .arg("-t")
-            .arg(self.holder.id().to_string())
+            .arg(holder.id().to_string())
             .arg("-m")
             .arg(format!("--wd={}", b.dir.display()))
             .arg("--");
@@ -104,6 +127,9 @@ impl SystemdHost {
 
 impl Drop for SystemdHost {
     fn drop(&mut self) {
+        let Some(holder) = self.holder.as_mut() else {
+            return;
+        };
         // systemd first (it stops its units), then the namespace's holder, then what is left
         // of systemd's cgroups, deepest first.
         for pid in pids_under(&self.cgroup) {
@@ -115,8 +141,8 @@ impl Drop for SystemdHost {
             }
             let _ = wait_until(Duration::from_secs(5), || pids_under(&self.cgroup).is_empty());
         }
-        let _ = self.holder.kill();
-        let _ = self.holder.wait();
+        let _ = holder.kill();
+        let _ = holder.wait();
         let mut dirs: Vec<PathBuf> = walk(&self.cgroup);
         dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
         for d in dirs {
@@ -153,7 +179,12 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 fn unified_dir(pid: u32) -> PathBuf {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     let path = text.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
-    Path::new("/sys/fs/cgroup/unified").join(path.trim_start_matches('/'))
+    let root = if crate::common::cri::cgroup_v2() {
+        "/sys/fs/cgroup"
+    } else {
+        "/sys/fs/cgroup/unified"
+    };
+    Path::new(root).join(path.trim_start_matches('/'))
 }
 
 /// The systemd driver's `cgroupsPath`, and the unit property CRI-O gives every infra container
