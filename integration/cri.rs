@@ -180,6 +180,14 @@ fn assert_gantry_clean(cri: &Cri, ids: &[&str]) {
             if st.exists() {
                 left.push(format!("runtime state {}", st.display()));
             }
+            // The systemd driver's scope, which systemd removes with its unit.
+            let scope = format!("cri-containerd-{id}.scope");
+            let units = std::process::Command::new("systemctl")
+                .args(["list-units", "--all", "--no-legend", &scope])
+                .output();
+            if units.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&scope)) {
+                left.push(format!("unit {scope}"));
+            }
             // v1 controllers, and "" for the v2 tree.
             for ctl in ["memory", "cpu", "pids", ""] {
                 let cg = std::path::Path::new("/sys/fs/cgroup")
@@ -286,7 +294,11 @@ async fn cri_gantry_pod_lifecycle() {
     // ContainerStats: CPU in nanoseconds (matches cpuacct.usage read around it) and memory.
     let memory = cgroup_dir(work_pid, "memory");
     assert!(
-        memory.ends_with(format!("k8s.io/{work}")),
+        if crate::common::cri::systemd_driver() {
+            memory.ends_with(format!("{}/cri-containerd-{work}.scope", crate::common::cri::POD_SLICE))
+        } else {
+            memory.ends_with(format!("k8s.io/{work}"))
+        },
         "unexpected cgroup {}",
         memory.display()
     );

@@ -151,8 +151,10 @@ async fn start() -> Cri {
     std::fs::write(
         &config,
         format!(
-            "[shim]\nsocket_dir = {:?}\nlog_level = \"debug\"\n[runtime]\nroot = {:?}\n",
-            socket_dir, runtime_root
+            "[shim]\nsocket_dir = {:?}\nlog_level = \"debug\"\n[runtime]\nroot = {:?}\nsystemd_cgroup = {}\n",
+            socket_dir,
+            runtime_root,
+            systemd_driver()
         ),
     )
     .unwrap();
@@ -194,6 +196,7 @@ state = {state:?}
   runtime_type = "io.containerd.runc.v2"
 [{cri}.containerd.runtimes.runc.options]
   Root = {runc_root:?}
+  SystemdCgroup = {systemd}
 [{cri}.containerd.runtimes.{HANDLER}]
   runtime_type = "io.containerd.gantry.v2"
 [{cri}.containerd.runtimes.{HANDLER}.options]
@@ -208,6 +211,7 @@ state = {state:?}
             sock = sock,
             ttrpc = dir.join("containerd.sock.ttrpc"),
             opt = dir.join("opt"),
+            systemd = systemd_driver(),
         ),
     )
     .unwrap();
@@ -392,6 +396,11 @@ pub fn pod_config(name: &str, log_dir: &Path) -> PodSandboxConfig {
         log_directory: log_dir.to_str().unwrap().to_string(),
         labels: HashMap::from([("gantry-it".to_string(), name.to_string())]),
         linux: Some(LinuxPodSandboxConfig {
+            cgroup_parent: if systemd_driver() {
+                POD_SLICE.into()
+            } else {
+                String::new()
+            },
             security_context: Some(LinuxSandboxSecurityContext {
                 namespace_options: Some(host_network_namespaces()),
             }),
@@ -471,6 +480,17 @@ impl Drop for PodGuard {
         })
         .join();
     }
+}
+
+/// The pods' cgroup parent under the systemd driver (kubelet's shape for a BestEffort pod).
+pub const POD_SLICE: &str = "kubepods-besteffort-gantryit.slice";
+
+/// On a systemd host with cgroup v2 (the node lane's guest) the CRI tests run as kubelet runs
+/// there: the systemd cgroup driver for gantry and runc, pods under a `.slice` parent (from
+/// which containerd's CRI makes `slice:cri-containerd:<id>` paths). Elsewhere cgroupfs.
+pub fn systemd_driver() -> bool {
+    let init = std::fs::read_to_string("/proc/1/comm").unwrap_or_default();
+    init.trim() == "systemd" && cgroup_v2()
 }
 
 /// Whether this host runs the unified cgroup v2 hierarchy at /sys/fs/cgroup (the node lane's

@@ -85,6 +85,8 @@ pub struct LinuxSandboxSecurityContext {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LinuxPodSandboxConfig {
+    #[prost(string, tag = "1")]
+    pub cgroup_parent: String,
     #[prost(message, optional, tag = "2")]
     pub security_context: Option<LinuxSandboxSecurityContext>,
 }
