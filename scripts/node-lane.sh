@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 
 # Modules and tests that exercise cgroups, systemd, capabilities, OOM and the engines; the
 # `node::` tests and a few others exist only for the guest (ignored elsewhere).
-FILTERS=(node:: stats_oom::oom stats_oom::crio_oom containerd:: crio:: lifecycle:: security:: cri:: sandbox::)
+FILTERS=(node:: stats_oom::oom stats_oom::crio_oom containerd:: crio:: lifecycle:: security:: cri:: sandbox::
+         faults::containerd_restart)
 [ $# -gt 0 ] && FILTERS=("$@")
 
 echo "== node lane: building the test binaries on the host"
