@@ -519,11 +519,14 @@ impl ConsoleSocket {
         };
         crate::files::private_dir(dir).map_err(err)?;
         let _ = std::fs::remove_file(&path);
-        // The daemon runs one thread, so the umask change is seen by this bind alone.
-        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
-        let bound = tokio::net::UnixListener::bind(&path);
-        nix::sys::stat::umask(old);
-        let listener = bound.map_err(err)?;
+        // Not through the umask: it is process-wide, and the daemon has helper threads. The
+        // socket sits in a 0700 directory, so the moment before the chmod exposes nothing.
+        let listener = tokio::net::UnixListener::bind(&path).map_err(err)?;
+        use std::os::unix::fs::PermissionsExt;
+        if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)) {
+            let _ = std::fs::remove_file(&path);
+            return Err(err(e));
+        }
         Ok(Self { path, listener })
     }
 
