@@ -216,22 +216,26 @@ impl FastSandbox {
             }
         };
         let status = exit.map(|e| e.status).unwrap_or(1);
-        if let Some(task) = compiled {
-            match task.await {
-                Ok(Ok(())) => {}
-                // The init reported that no program came; the daemon knows why.
-                Ok(Err(why)) => return Err(failed("create", why)),
-                Err(e) => return Err(failed("create", format!("seccomp program: {e}"))),
-            }
-        }
-        match report.lines().last() {
-            Some("ok") if status == 0 => Ok(()),
-            Some(line) => Err(failed("create", line.trim_start_matches("error: "))),
-            None => Err(failed(
-                "create",
-                format!("sandbox init exited with status {status} before reporting"),
-            )),
-        }
+        let sent = match compiled {
+            None => Ok(()),
+            Some(task) => task.await.unwrap_or_else(|e| Err(format!("seccomp program: {e}"))),
+        };
+        init_outcome(&report, status, sent).map_err(|why| failed("create", why))
+    }
+}
+
+/// What a fast-path Create comes to, from the init's report (its last line `ok` or `error:
+/// …`), its exit status and whether the daemon could hand it the seccomp program. The init's
+/// own error wins: an init that failed first (a refused `oomScoreAdj`, say) closes the
+/// program pipe unread, and the daemon's write then fails with a mere EPIPE.
+fn init_outcome(report: &str, status: u32, sent: Result<(), String>) -> Result<(), String> {
+    match (report.lines().last(), sent) {
+        (Some(line), _) if line != "ok" => Err(line.trim_start_matches("error: ").to_string()),
+        // The init reported that no program came, or none could be made; the daemon knows why.
+        (_, Err(why)) => Err(why),
+        (Some(_), Ok(())) if status == 0 => Ok(()),
+        (Some(_), Ok(())) => Err(format!("sandbox init reported ok but exited with status {status}")),
+        (None, Ok(())) => Err(format!("sandbox init exited with status {status} before reporting")),
     }
 }
 
@@ -357,5 +361,24 @@ impl Runtime for FastSandbox {
             pid,
             status: status.into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::init_outcome;
+
+    #[test]
+    fn the_inits_own_error_wins_over_the_broken_pipe_it_caused() {
+        let epipe = || Err("seccomp program: Broken pipe (os error 32)".to_string());
+        let report = "error: write /proc/self/oom_score_adj: Permission denied\n";
+        assert_eq!(
+            init_outcome(report, 1, epipe()),
+            Err("write /proc/self/oom_score_adj: Permission denied".to_string())
+        );
+        assert_eq!(init_outcome("", 1, epipe()), epipe());
+        assert_eq!(init_outcome("ok\n", 0, Ok(())), Ok(()));
+        assert!(init_outcome("ok\n", 0, epipe()).is_err());
+        assert!(init_outcome("", 1, Ok(())).unwrap_err().contains("before reporting"));
     }
 }
