@@ -342,3 +342,48 @@ fn gantry_default_is_loaded_on_demand_and_confines_unprivileged_containers() {
     assert_clean(env, &plain);
     assert_clean(env, &ns);
 }
+
+/// containerd's runc option `SystemdCgroup = true` (what a `runc`-style handler's options carry
+/// in Create) makes gantry use the systemd driver even though its own config does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the production-shaped node: run through scripts/test.sh --node"]
+async fn the_engines_systemd_cgroup_option_selects_the_systemd_driver() {
+    use crate::common::{
+        crio_bundle, crio_create_req, crio_kill_and_remove, crio_start, ctx, open_fifo_reader, task_client,
+    };
+    use containerd_shim_protos::protobuf::Message;
+    let env = on_node();
+    let ns = env.namespace("node-sdopt");
+    let scope = format!("gantry-{}.scope", ns.name);
+    let cgroups_path = format!("gantrytest.slice:gantry:{}", ns.name);
+    let b = crio_bundle(&ns, "sd", "sd", &["sleep", "1000"], |s| {
+        s["linux"]["cgroupsPath"] = cgroups_path.clone().into();
+    });
+    let o = crio_start(&ns, &b.dir, "sd", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&b.stdout);
+    let options = containerd_shim_protos::shim::oci::Options {
+        systemd_cgroup: true,
+        ..Default::default()
+    };
+    let mut any = protobuf::well_known_types::any::Any::new();
+    any.type_url = "containerd.runc.v1.Options".into();
+    any.value = options.write_to_bytes().unwrap();
+    let mut req = crio_create_req(&b);
+    req.options = protobuf::MessageField::some(any);
+    let created = client.create(ctx(), &req).await.unwrap();
+    let dir = cgroup_dir(created.pid as i32);
+    assert!(
+        dir.ends_with(format!("gantrytest.slice/{scope}")),
+        "not in its scope: {}",
+        dir.display()
+    );
+    crio_kill_and_remove(&client, "sd").await;
+    let gone = wait_until(Duration::from_secs(10), || {
+        let units = run(Command::new("systemctl").args(["list-units", "--all", "--no-legend", &scope]));
+        !String::from_utf8_lossy(&units.stdout).contains(&scope)
+    });
+    assert!(gone, "{scope} is still listed after delete");
+    assert_clean(env, &ns);
+}

@@ -193,7 +193,8 @@ fn observe(pid: u32, id: &str) -> BTreeMap<String, String> {
         let o = run(Command::new("nsenter")
             .args(["-t", &pid.to_string(), "-m", "-u", "-n", "-i", "-p", "--"])
             .args(cmd));
-        seen.insert(key.into(), text(&o));
+        let out = text(&o);
+        seen.insert(key.into(), if key == "dev" { without_times(&out) } else { out });
     }
     let cg = |c: &str| crate::common::cri::cgroup_dir(pid, c);
     let files: &[(&str, &str)] = if crate::common::cri::cgroup_v2() {
@@ -219,6 +220,23 @@ fn observe(pid: u32, id: &str) -> BTreeMap<String, String> {
         );
     }
     seen
+}
+
+/// `ls -l` output without its modification times ("Dec  2 01:03"): two containers started a
+/// minute boundary apart (a slow machine) must still compare equal.
+fn without_times(listing: &str) -> String {
+    let clock = |t: &str| t.len() == 5 && t.as_bytes()[2] == b':';
+    listing
+        .lines()
+        .map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            match words.iter().position(|w| clock(w)) {
+                Some(i) if i >= 2 => [&words[..i - 2], &words[i + 1..]].concat().join(" "),
+                _ => words.join(" "),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Starts one pause container CRI-O-style (start, Create, Start); returns the client and pid.
@@ -387,6 +405,15 @@ async fn fast_path_pause_matches_runc_field_by_field() {
     assert!(a["sysctl.port"].contains("stdout=0\n"), "{}", a["sysctl.port"]);
     assert!(a.keys().filter(|k| k.starts_with("mount.")).count() > 10, "{a:?}");
     assert!(a["cgroup"].contains(":/NS/ID"), "{}", a["cgroup"]);
+    // The spec's limits were applied, on either cgroup version (v2: shares 2 is weight 1).
+    let (memory, cpu, cpu_value) = if crate::common::cri::cgroup_v2() {
+        ("cgroup.memory.max", "cgroup.cpu.weight", "1\n")
+    } else {
+        ("cgroup.memory.limit_in_bytes", "cgroup.cpu.shares", "2\n")
+    };
+    assert_eq!(a[memory], "67108864\n");
+    assert_eq!(a[cpu], cpu_value);
+    assert_eq!(a["cgroup.pids.max"], "100\n");
     // v1 device rules are files; on v2 they are an eBPF filter, which
     // fast_path_on_cgroup_v2_matches_runc probes device by device.
     if !crate::common::cri::cgroup_v2() {
