@@ -522,7 +522,12 @@ async fn cri_an_oom_killed_container_is_reported_oomkilled() {
     .unwrap_or_else(|e| panic!("StartContainer: {e:?}\n{}", tail()));
     let s = wait_exited(&mut c, &id, Duration::from_secs(60)).await;
     let st = s.status.unwrap();
-    assert_eq!((st.exit_code, st.reason.as_str()), (137, "OOMKilled"), "{st:?}");
+    assert_eq!(
+        (st.exit_code, st.reason.as_str()),
+        (137, "OOMKilled"),
+        "{st:?}\n{}",
+        tail()
+    );
     stop_and_remove_pod(&mut c, &pod).await;
     guard.disarm();
     assert_gantry_clean(cri, &[&pod, &id]);

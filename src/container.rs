@@ -56,11 +56,17 @@ pub struct Container {
     pub cgroup: Option<ContainerCgroup>,
     /// OOM kills already reported (TaskOOM published), against the kernel's counter.
     ooms_reported: std::sync::atomic::AtomicU64,
+    /// v2: the parent's `oom_kill` as of the last read of the cgroup's own ([`NO_PARENT`] when
+    /// unknown).
+    parent_ooms: std::sync::atomic::AtomicU64,
     /// Set once any OOM kill hit the container.
     oom_killed: AtomicBool,
     /// Init's exit, subscribed the moment its pid was known; taken by the exit monitor.
     init_exit: Mutex<Option<tokio::sync::oneshot::Receiver<crate::reaper::Exit>>>,
 }
+
+/// [`Container`]'s `parent_ooms` when there is no parent count to fall back on.
+pub const NO_PARENT: u64 = u64::MAX;
 
 impl Container {
     /// Whether the kernel OOM-killed anything in the container so far.
@@ -69,11 +75,33 @@ impl Container {
     }
 
     /// New OOM kills since the last call, per the kernel's counter (each becomes a TaskOOM).
+    ///
+    /// The systemd driver removes a container's scope as soon as it is empty, which on a busy
+    /// node can be before the daemon reads the kill that emptied it. Once the cgroup is gone,
+    /// a rise of the parent's (the pod slice's) hierarchical counter since the last read of
+    /// the cgroup's own is that kill, counted once. A sibling killed in that same moment would
+    /// be counted too: the price of not losing the kill.
     pub fn take_new_ooms(&self) -> u64 {
         let Some(cg) = &self.cgroup else { return 0 };
-        let Ok(now) = cg.oom_kills() else { return 0 };
-        let before = self.ooms_reported.swap(now, Ordering::SeqCst);
-        let new = now.saturating_sub(before);
+        let new = match cg.oom_kills() {
+            Ok(now) => {
+                // After the cgroup's own read: a kill counted there is never counted again.
+                self.parent_ooms
+                    .store(cg.parent_oom_kills().unwrap_or(NO_PARENT), Ordering::SeqCst);
+                now.saturating_sub(self.ooms_reported.swap(now, Ordering::SeqCst))
+            }
+            Err(crate::cgroups::CgroupError::Gone(_)) => {
+                let base = self.parent_ooms.load(Ordering::SeqCst);
+                match cg.parent_oom_kills() {
+                    Some(now) if base != NO_PARENT && now > base => {
+                        self.parent_ooms.store(now, Ordering::SeqCst);
+                        1
+                    }
+                    _ => 0,
+                }
+            }
+            Err(_) => 0,
+        };
         if new > 0 {
             self.oom_killed.store(true, Ordering::SeqCst);
             warn!(self.log, "OOM kill"; "count" => new);

@@ -212,6 +212,15 @@ impl ContainerCgroup {
         }
     }
 
+    /// On v2, the parent's hierarchical `oom_kill` (it counts its children's kills too); what
+    /// is left to count a kill by once the cgroup itself was removed (see
+    /// `Container::take_new_ooms`).
+    pub fn parent_oom_kills(&self) -> Option<u64> {
+        let Layout::V2(d) = &self.layout else { return None };
+        let kv = read_keyed(&d.parent()?.join("memory.events")).ok()??;
+        Some(get(&kv, "oom_kill"))
+    }
+
     /// OOM-kill notifications for this cgroup. Must be called inside a tokio runtime.
     pub fn oom_watcher(&self) -> Result<OomWatcher, CgroupError> {
         match &self.layout {

@@ -36,9 +36,6 @@ enum Inner {
         inotify: AsyncFd<Inotify>,
         dir: PathBuf,
         seen: u64,
-        /// The parent's `memory.events` and its hierarchical `oom_kill` as of the last read of
-        /// this cgroup's own: the fallback for a cgroup removed before its kill was read.
-        parent: Option<(PathBuf, u64)>,
     },
 }
 
@@ -92,10 +89,6 @@ impl OomWatcher {
             Some(kv) => get(&kv, "oom_kill"),
             None => return Err(CgroupError::Gone(dir.to_path_buf())),
         };
-        let parent = dir.parent().map(|p| p.join("memory.events")).and_then(|p| {
-            let kills = read_keyed(&p).ok().flatten().map(|kv| get(&kv, "oom_kill"))?;
-            Some((p, kills))
-        });
         // SAFETY: the File owns its descriptor and stays inside the AsyncFd.
         let inotify = unsafe { AsyncFd::register(inotify) }.map_err(|e| io_err(Path::new("inotify"), e.into()))?;
         Ok(Self {
@@ -103,7 +96,6 @@ impl OomWatcher {
                 inotify,
                 dir: dir.to_path_buf(),
                 seen,
-                parent,
             },
         })
     }
@@ -114,18 +106,9 @@ impl OomWatcher {
     pub async fn next(&mut self) -> Option<()> {
         match &mut self.inner {
             Inner::V1 { efd, dir, .. } => next_v1(efd, dir).await,
-            Inner::V2 {
-                inotify,
-                dir,
-                seen,
-                parent,
-            } => next_v2(inotify, dir, seen, parent).await,
+            Inner::V2 { inotify, dir, seen, .. } => next_v2(inotify, dir, seen).await,
         }
     }
-}
-
-fn parent_kills(events: &Path) -> Option<u64> {
-    read_keyed(events).ok().flatten().map(|kv| get(&kv, "oom_kill"))
 }
 
 fn require_runtime() -> Result<(), CgroupError> {
@@ -148,27 +131,8 @@ async fn next_v1(efd: &mut AsyncFd<EventFd>, dir: &Path) -> Option<()> {
     }
 }
 
-/// The cgroup's own `memory.events` decides while it can be read. Once it is gone without
-/// having been seen empty (the systemd driver removes a container's scope as soon as it is
-/// empty, which can be before a busy daemon reads the kill that emptied it), the parent (the
-/// pod's slice) still counts the kill: a rise of its hierarchical `oom_kill` since the last
-/// read of the cgroup's own counter is reported, once. A sibling killed in that same moment
-/// would be counted too: the price of not losing the kill.
-async fn next_v2(
-    inotify: &mut AsyncFd<Inotify>,
-    dir: &Path,
-    seen: &mut u64,
-    parent: &mut Option<(PathBuf, u64)>,
-) -> Option<()> {
+async fn next_v2(inotify: &mut AsyncFd<Inotify>, dir: &Path, seen: &mut u64) -> Option<()> {
     let events = dir.join("memory.events");
-    // Read after the cgroup's own counter, so a kill counted there is never counted again.
-    let refresh = |parent: &mut Option<(PathBuf, u64)>| {
-        if let Some((p, base)) = parent {
-            if let Some(now) = parent_kills(p) {
-                *base = now;
-            }
-        }
-    };
     loop {
         // Emptiness before the counter: a kill that emptied the cgroup has already been counted
         // by the time `populated 0` is visible, so it is never lost.
@@ -180,19 +144,14 @@ async fn next_v2(
             // A key missing (a file caught mid-rewrite in tests) is "no change".
             Ok(Some(kv)) => {
                 let kills = kv.get("oom_kill").copied().unwrap_or(*seen);
-                refresh(parent);
                 if kills > *seen {
                     *seen = kills;
                     return Some(());
                 }
             }
-            Ok(None) | Err(_) => {
-                let (p, base) = parent.take()?;
-                return parent_kills(&p).filter(|now| *now > base).map(|_| ());
-            }
+            Ok(None) | Err(_) => return None,
         }
         if !populated {
-            *parent = None;
             return None;
         }
         match tokio::time::timeout(RECHECK, inotify.readable()).await {
@@ -310,28 +269,17 @@ mod tests {
         assert_eq!(timeout(Duration::from_secs(3), w.next()).await, Ok(None));
     }
 
-    /// The systemd driver's shape: the scope is removed before the kill in it was read; the
-    /// pod slice's hierarchical count still shows it, once. A cgroup seen empty first (the
-    /// cgroupfs driver keeps it until delete) never looks at the parent.
-    #[tokio::test]
-    async fn v2_kill_in_a_cgroup_removed_before_it_was_read_is_found_in_the_parent() {
+    /// What `Container::take_new_ooms` falls back on once the cgroup itself is gone.
+    #[test]
+    fn the_parents_hierarchical_count_outlives_the_cgroup() {
         let (d, dir) = v2_fixture();
-        fs::write(d.path().join("memory.events"), events(5, 5)).unwrap();
-        let mut w = ContainerCgroup::v2_at(dir.clone()).oom_watcher().unwrap();
-        fs::write(d.path().join("memory.events"), events(6, 6)).unwrap();
+        let cg = ContainerCgroup::v2_at(dir.clone());
+        assert_eq!(cg.parent_oom_kills(), None, "no parent memory.events");
+        fs::write(d.path().join("memory.events"), events(7, 7)).unwrap();
         fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(timeout(Duration::from_secs(3), w.next()).await, Ok(Some(())));
-        assert_eq!(timeout(Duration::from_secs(3), w.next()).await, Ok(None));
-        // A kill the watcher read itself is not counted twice from the parent (the kernel
-        // counts it in both at once).
-        let (d, dir) = v2_fixture();
-        fs::write(d.path().join("memory.events"), events(5, 5)).unwrap();
-        let mut w = ContainerCgroup::v2_at(dir.clone()).oom_watcher().unwrap();
-        fs::write(d.path().join("memory.events"), events(6, 6)).unwrap();
-        fs::write(dir.join("memory.events"), events(3, 3)).unwrap();
-        assert_eq!(timeout(Duration::from_secs(3), w.next()).await, Ok(Some(())));
-        fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(timeout(Duration::from_secs(3), w.next()).await, Ok(None));
+        assert!(matches!(cg.oom_kills(), Err(CgroupError::Gone(_))));
+        assert_eq!(cg.parent_oom_kills(), Some(7));
+        assert_eq!(ContainerCgroup::v1_at(V1Paths::default()).parent_oom_kills(), None);
     }
 
     #[tokio::test]

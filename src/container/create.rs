@@ -177,9 +177,14 @@ impl Container {
             }
         };
         let ooms_baseline = cgroup.as_ref().and_then(|c| c.oom_kills().ok()).unwrap_or(0);
+        let parent_ooms = cgroup
+            .as_ref()
+            .and_then(ContainerCgroup::parent_oom_kills)
+            .unwrap_or(crate::container::NO_PARENT);
         Ok(Arc::new(Container {
             cgroup,
             ooms_reported: std::sync::atomic::AtomicU64::new(ooms_baseline),
+            parent_ooms: std::sync::atomic::AtomicU64::new(parent_ooms),
             oom_killed: AtomicBool::new(false),
             init_exit: Mutex::new(Some(created.exit)),
             id: p.id,
