@@ -19,6 +19,7 @@ pub mod logging;
 pub mod mount;
 pub mod options;
 pub mod peer;
+pub mod proc;
 pub mod process;
 pub mod reaper;
 pub mod runtime;

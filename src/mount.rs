@@ -139,12 +139,8 @@ pub fn unmount_all(target: &Path) -> Result<(), MountError> {
 
 /// True when something is mounted exactly at `target`.
 pub fn is_mountpoint(target: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
     let target = target.canonicalize().unwrap_or_else(|_| target.to_path_buf());
-    let t = target.to_string_lossy();
-    text.lines().any(|l| l.split(' ').nth(4) == Some(&*t))
+    crate::proc::MountTable::of_self().is_ok_and(|t| t.is_mount_point(&target))
 }
 
 #[cfg(test)]

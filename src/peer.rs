@@ -89,10 +89,7 @@ pub fn descends_from(pid: i32, ancestor: i32) -> bool {
 }
 
 fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name (which may hold spaces): state, ppid, ...
-    let rest = stat.rsplit_once(')')?.1;
-    rest.split_whitespace().nth(1)?.parse().ok()
+    crate::proc::Stat::of(&pid.to_string()).ok()?.ppid()
 }
 
 /// Counts live connections and trims the heap when a burst is over.

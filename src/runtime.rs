@@ -575,9 +575,7 @@ mod tests {
 
     /// Alive and not a zombie (an orphan's zombie may wait for a pid 1 that does not reap).
     fn running(pid: i32) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.rsplit(')').next().and_then(|r| r.split_whitespace().next()) != Some("Z"))
-            .unwrap_or(false)
+        crate::proc::is_running(pid)
     }
 
     // The std lock keeps other tests' children out of this reaper's waitpid(-1) while it runs.

@@ -57,14 +57,11 @@ pub fn retitle_action(from: &str, to: &str) {
     if from.len() != to.len() {
         return;
     }
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    // arg_end, where the argument strings end, is field 49.
+    let Ok(stat) = crate::proc::Stat::of("self") else {
         return;
     };
-    // Fields after the parenthesised command name; arg_end is field 49 of the whole line.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return;
-    };
-    let Some(arg_end) = rest.split_whitespace().nth(49 - 3).and_then(|v| v.parse::<u64>().ok()) else {
+    let Some(arg_end) = stat.field(49).and_then(|v| v.parse::<u64>().ok()) else {
         return;
     };
     let want = format!("{from}\0");

@@ -306,8 +306,8 @@ async fn v2_metrics_on_a_controllerless_cgroup2() {
         nix::unistd::Uid::effective().is_root(),
         "live cgroup tests need root (scripts/test.sh)"
     );
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let mount = parse_mountinfo(&mountinfo)
+    let mounts = MountTable::of_self().unwrap();
+    let mount = cgroup_mounts(&mounts)
         .into_iter()
         .find(|m| m.v2)
         .expect("this test needs a cgroup2 mount (the hybrid host's /sys/fs/cgroup/unified)");
@@ -321,7 +321,7 @@ async fn v2_metrics_on_a_controllerless_cgroup2() {
     cg.add(child.pid());
 
     let cgroup = fs::read_to_string(format!("/proc/{}/cgroup", child.pid())).unwrap();
-    let found = ContainerCgroup::resolve(child.pid() as i32, true, &cgroup, &mountinfo).unwrap();
+    let found = ContainerCgroup::resolve(child.pid() as i32, true, &cgroup, &mounts).unwrap();
     assert_eq!(found.v2_dir(), Some(cg.dir(&root).as_path()));
 
     let started = Instant::now();

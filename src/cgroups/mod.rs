@@ -41,6 +41,7 @@ use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
+use crate::proc::{self, MountTable};
 use libcgroups::common::CgroupSetup;
 use protobuf::well_known_types::any::Any;
 use protobuf::Message;
@@ -134,13 +135,12 @@ impl ContainerCgroup {
     /// controllers) are v1.
     pub fn for_pid(pid: i32) -> Result<Self, CgroupError> {
         let v2 = host_is_v2()?;
-        let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| CgroupError::Locate {
+        let cgroup = proc::cgroup_text(pid).map_err(|e| CgroupError::Locate {
             pid,
             reason: format!("/proc/{pid}/cgroup: {e}"),
         })?;
-        let mountinfo =
-            fs::read_to_string("/proc/self/mountinfo").map_err(|e| io_err(Path::new("/proc/self/mountinfo"), e))?;
-        Self::resolve(pid, v2, &cgroup, &mountinfo)
+        let mounts = MountTable::of_self().map_err(|e| io_err(Path::new("/proc/self/mountinfo"), e))?;
+        Self::resolve(pid, v2, &cgroup, &mounts)
     }
 
     /// A cgroup v2 directory, taken as is (fixture trees, or a path already known).
@@ -233,14 +233,11 @@ impl ContainerCgroup {
     }
 
     /// Resolves the cgroup from the texts of `/proc/<pid>/cgroup` and `/proc/self/mountinfo`.
-    fn resolve(pid: i32, v2: bool, cgroup: &str, mountinfo: &str) -> Result<Self, CgroupError> {
-        let mounts = parse_mountinfo(mountinfo);
+    fn resolve(pid: i32, v2: bool, cgroup: &str, table: &MountTable) -> Result<Self, CgroupError> {
+        let mounts = cgroup_mounts(table);
         let locate = |reason: String| CgroupError::Locate { pid, reason };
         if v2 {
-            let path = cgroup
-                .lines()
-                .find_map(|l| l.strip_prefix("0::"))
-                .ok_or_else(|| locate("no cgroup2 entry".to_string()))?;
+            let path = proc::unified_path(cgroup).ok_or_else(|| locate("no cgroup2 entry".to_string()))?;
             let dir = mounts
                 .iter()
                 .filter(|m| m.v2)
@@ -249,13 +246,9 @@ impl ContainerCgroup {
             return Ok(Self::v2_at(dir));
         }
         let mut paths = V1Paths::default();
-        for line in cgroup.lines() {
-            let mut parts = line.splitn(3, ':');
-            let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
-                continue;
-            };
-            for controller in controllers.split(',') {
-                let slot = match controller {
+        for entry in proc::parse_cgroups(cgroup) {
+            for controller in &entry.controllers {
+                let slot = match controller.as_str() {
                     "memory" => &mut paths.memory,
                     "cpu" => &mut paths.cpu,
                     "cpuacct" => &mut paths.cpuacct,
@@ -267,7 +260,7 @@ impl ContainerCgroup {
                 *slot = mounts
                     .iter()
                     .filter(|m| !m.v2 && m.options.iter().any(|o| o == controller))
-                    .find_map(|m| m.dir_for(path));
+                    .find_map(|m| m.dir_for(&entry.path));
             }
         }
         if paths.memory.is_none() && paths.cpuacct.is_none() {
@@ -308,68 +301,25 @@ impl CgroupMount {
     }
 }
 
-/// The cgroup mounts of `text` (a mountinfo) that can be seen: one that a later mount covers
-/// (on its mount point or above it, as a namespace that mounts cgroup2 over a hybrid host's
-/// `/sys/fs/cgroup` leaves the v1 and `unified` mounts in its table) is left out.
-fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
-    let entries: Vec<(PathBuf, Option<CgroupMount>)> = text.lines().filter_map(mount_entry).collect();
-    // From the last mount back, so each is checked against the mount points after it.
-    let mut later: Vec<PathBuf> = Vec::new();
-    let mut seen = Vec::new();
-    for (point, cgroup) in entries.into_iter().rev() {
-        if let Some(m) = cgroup.filter(|_| !later.iter().any(|l| point.starts_with(l))) {
-            seen.push(m);
-        }
-        later.push(point);
-    }
-    seen.reverse();
-    seen
-}
-
-/// One mountinfo line: its mount point, and the mount when it is a cgroup hierarchy.
-fn mount_entry(line: &str) -> Option<(PathBuf, Option<CgroupMount>)> {
-    // id parent maj:min root mount-point options [optional...] - fstype source super
-    let (left, right) = line.split_once(" - ")?;
-    let left: Vec<&str> = left.split(' ').collect();
-    let right: Vec<&str> = right.split(' ').collect();
-    let mount_point = PathBuf::from(unescape_mount(left.get(4)?));
-    let v2 = match *right.first()? {
-        "cgroup2" => true,
-        "cgroup" => false,
-        _ => return Some((mount_point, None)),
-    };
-    let mount = CgroupMount {
-        root: unescape_mount(left.get(3)?),
-        mount_point: mount_point.clone(),
-        v2,
-        options: right
-            .get(2)
-            .map(|s| s.split(',').map(str::to_string).collect())
-            .unwrap_or_default(),
-    };
-    Some((mount_point, Some(mount)))
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space, `\134` for a backslash).
-fn unescape_mount(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 4 <= b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            let v = b[i + 1..i + 4]
-                .iter()
-                .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
-            if let Ok(byte) = u8::try_from(v) {
-                out.push(byte);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// The cgroup mounts of a table that can be seen (see [`MountTable::visible`]).
+fn cgroup_mounts(table: &MountTable) -> Vec<CgroupMount> {
+    table
+        .visible()
+        .into_iter()
+        .filter_map(|m| {
+            let v2 = match m.fs_type.as_str() {
+                "cgroup2" => true,
+                "cgroup" => false,
+                _ => return None,
+            };
+            Some(CgroupMount {
+                root: m.root.clone(),
+                mount_point: m.mount_point.clone(),
+                v2,
+                options: m.options().map(str::to_string).collect(),
+            })
+        })
+        .collect()
 }
 
 fn io_err(path: &Path, source: io::Error) -> CgroupError {
@@ -468,7 +418,7 @@ mod tests {
 1:name=systemd:/kubepods/pod1/abc
 0::/kubepods/pod1/abc
 ";
-        let cg = ContainerCgroup::resolve(7, false, cgroup, HYBRID_MOUNTINFO).unwrap();
+        let cg = ContainerCgroup::resolve(7, false, cgroup, &MountTable::parse(HYBRID_MOUNTINFO)).unwrap();
         assert!(!cg.is_v2());
         let p = cg.v1_paths().unwrap();
         let at = |c: &str| Some(PathBuf::from(format!("/sys/fs/cgroup/{c}/kubepods/pod1/abc")));
@@ -484,14 +434,14 @@ mod tests {
     fn resolves_v2_path_on_the_cgroup2_mount() {
         let mountinfo = "25 1 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
         let cgroup = "0::/system.slice/crio-abc.scope\n";
-        let cg = ContainerCgroup::resolve(7, true, cgroup, mountinfo).unwrap();
+        let cg = ContainerCgroup::resolve(7, true, cgroup, &MountTable::parse(mountinfo)).unwrap();
         assert!(cg.is_v2());
         assert_eq!(
             cg.v2_dir(),
             Some(Path::new("/sys/fs/cgroup/system.slice/crio-abc.scope"))
         );
         // Hybrid host asked for v2: the unified mount is the cgroup2 one.
-        let cg = ContainerCgroup::resolve(7, true, cgroup, HYBRID_MOUNTINFO).unwrap();
+        let cg = ContainerCgroup::resolve(7, true, cgroup, &MountTable::parse(HYBRID_MOUNTINFO)).unwrap();
         assert_eq!(
             cg.v2_dir(),
             Some(Path::new("/sys/fs/cgroup/unified/system.slice/crio-abc.scope"))
@@ -502,14 +452,14 @@ mod tests {
     fn mount_root_is_stripped_and_foreign_paths_rejected() {
         // A mount showing only /kubepods (cgroup namespace or bind mount).
         let mountinfo = "35 31 0:32 /kubepods /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
-        let cg = ContainerCgroup::resolve(7, false, "9:memory:/kubepods/x\n", mountinfo).unwrap();
+        let cg = ContainerCgroup::resolve(7, false, "9:memory:/kubepods/x\n", &MountTable::parse(mountinfo)).unwrap();
         assert_eq!(
             cg.v1_paths().unwrap().memory,
             Some(PathBuf::from("/sys/fs/cgroup/memory/x"))
         );
-        let e = ContainerCgroup::resolve(7, false, "9:memory:/other/x\n", mountinfo).unwrap_err();
+        let e = ContainerCgroup::resolve(7, false, "9:memory:/other/x\n", &MountTable::parse(mountinfo)).unwrap_err();
         assert!(matches!(e, CgroupError::Locate { pid: 7, .. }), "{e}");
-        let e = ContainerCgroup::resolve(7, true, "9:memory:/x\n", mountinfo).unwrap_err();
+        let e = ContainerCgroup::resolve(7, true, "9:memory:/x\n", &MountTable::parse(mountinfo)).unwrap_err();
         assert!(e.to_string().contains("no cgroup2 entry"), "{e}");
     }
 
@@ -521,21 +471,13 @@ mod tests {
             "{HYBRID_MOUNTINFO}90 25 0:40 / /sys/fs/cgroup rw - cgroup2 none rw\n\
              91 90 0:41 / /sys/fs/cgroup/x/y rw - tmpfs tmpfs rw\n"
         );
-        let cg = ContainerCgroup::resolve(7, true, "0::/kubepods.slice/a.scope\n", &mountinfo).unwrap();
+        let cg =
+            ContainerCgroup::resolve(7, true, "0::/kubepods.slice/a.scope\n", &MountTable::parse(&mountinfo)).unwrap();
         assert_eq!(cg.v2_dir(), Some(Path::new("/sys/fs/cgroup/kubepods.slice/a.scope")));
-        let mounts = parse_mountinfo(&mountinfo);
+        let mounts = cgroup_mounts(&MountTable::parse(&mountinfo));
         assert_eq!(mounts.len(), 1, "only the namespace's own cgroup2 mount is seen");
         // A mount below another (not over it) hides nothing.
-        assert!(parse_mountinfo(HYBRID_MOUNTINFO).len() > 1);
-    }
-
-    #[test]
-    fn mountinfo_escapes_are_decoded() {
-        assert_eq!(unescape_mount(r"/a\040b\134c"), r"/a b\c");
-        assert_eq!(unescape_mount(r"/plain\04"), r"/plain\04");
-        let m = parse_mountinfo("1 2 0:3 / /x\\040y rw - cgroup cgroup rw,pids\n");
-        assert_eq!(m[0].mount_point, PathBuf::from("/x y"));
-        assert_eq!(m[0].options, ["rw", "pids"]);
+        assert!(cgroup_mounts(&MountTable::parse(HYBRID_MOUNTINFO)).len() > 1);
     }
 
     #[test]

@@ -151,49 +151,12 @@ pub fn apply(source: Option<&str>, fs_type: Option<&str>, target: &Path, p: &Pla
     Ok(())
 }
 
-/// Mount points at or below `target` in a `/proc/self/mountinfo` text, deepest first.
-pub fn mounted_below(mountinfo: &str, target: &str) -> Vec<String> {
-    let target = target.trim_end_matches('/');
-    let mut points: Vec<String> = mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape)
-        .filter(|m| m == target || m.starts_with(&format!("{target}/")))
-        .collect();
-    points.sort_by_key(|m| std::cmp::Reverse(m.matches('/').count()));
-    points.dedup();
-    points
-}
-
-/// mountinfo writes space, tab, newline and backslash as `\ooo` octal escapes.
-fn unescape(field: &str) -> String {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b
-            .get(i + 1..i + 4)
-            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match octal {
-            Some(d) => {
-                out.push(d.iter().fold(0u8, |acc, c| acc.wrapping_mul(8).wrapping_add(c - b'0')));
-                i += 4;
-            }
-            None => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Unmounts everything at or below `target`, deepest first.
 pub fn umount_recursive(target: &str, flags: MntFlags) -> nix::Result<()> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
-    for point in mounted_below(&text, target) {
-        match umount2(point.as_str(), flags) {
+    let table =
+        crate::proc::MountTable::of_self().map_err(|e| nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    for point in table.below(std::path::Path::new(target)) {
+        match umount2(&point, flags) {
             Ok(()) | Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => {}
             Err(e) => return Err(e),
         }
@@ -254,23 +217,5 @@ mod tests {
         let (chdir, opts) = compact_lowerdirs(&words(&["lowerdir=/s/layer10:/s/layer11"]));
         assert_eq!(chdir.as_deref(), Some("/s/"));
         assert_eq!(opts, words(&["lowerdir=layer10:layer11"]));
-    }
-
-    #[test]
-    fn mount_points_below_a_target_deepest_first_with_escapes() {
-        let info = "\
-36 25 0:32 / /run/b/rootfs rw - overlay overlay rw
-37 36 0:33 / /run/b/rootfs/proc rw - proc proc rw
-38 25 0:34 / /run/b/rootfs2 rw - tmpfs tmpfs rw
-39 36 0:35 / /run/b/rootfs/with\\040space rw - tmpfs tmpfs rw
-";
-        assert_eq!(
-            mounted_below(info, "/run/b/rootfs"),
-            vec!["/run/b/rootfs/proc", "/run/b/rootfs/with space", "/run/b/rootfs"]
-        );
-        assert!(
-            mounted_below(info, "/run/b/root").is_empty(),
-            "a name prefix is not a parent"
-        );
     }
 }

@@ -10,6 +10,8 @@ use libcgroups::common::{
 use nix::unistd::Pid;
 use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxResources};
 
+use crate::proc::{self, MountTable};
+
 /// Why a cgroup operation failed (reported as the fast path's runtime error).
 #[derive(Debug, thiserror::Error)]
 #[error("cgroup {path}: {why}")]
@@ -69,14 +71,9 @@ pub fn systemd_unit(path: &Path) -> Option<SystemdUnit> {
 /// `pid`'s cgroup2 directory (from `/proc/<pid>/cgroup`): where systemd put it.
 pub(super) fn v2_dir_of(pid: i32) -> Result<PathBuf, CgroupError> {
     let file = PathBuf::from(format!("/proc/{pid}/cgroup"));
-    let text = std::fs::read_to_string(&file).map_err(|e| err(&file, e))?;
-    let path = unified_path(&text).ok_or_else(|| err(&file, "no cgroup2 line"))?;
+    let text = proc::cgroup_text(pid).map_err(|e| err(&file, e))?;
+    let path = proc::unified_path(&text).ok_or_else(|| err(&file, "no cgroup2 line"))?;
     under_v2_root(path).map_err(|why| err(&file, why))
-}
-
-/// The cgroup2 path in a `/proc/<pid>/cgroup` text (its `0::` line).
-pub(super) fn unified_path(text: &str) -> Option<&str> {
-    text.lines().find_map(|l| l.strip_prefix("0::"))
 }
 
 /// A cgroup2 path from `/proc` as a directory under the v2 mount. Seen from a cgroup namespace
@@ -189,18 +186,18 @@ pub fn effective_resources(
     r
 }
 
-/// Mount points of the v1 hierarchies whose super options pass `pick`.
+/// Mount points of the seen v1 hierarchies whose super options pass `pick`.
 pub(super) fn hierarchies(pick: fn(&str) -> bool) -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|l| {
-            let (pre, post) = l.split_once(" - ")?;
-            let mut post = post.split(' ');
-            let (fstype, _source, opts) = (post.next()?, post.next()?, post.next()?);
-            (fstype == "cgroup" && pick(opts))
-                .then(|| pre.split(' ').nth(4).map(PathBuf::from))
-                .flatten()
-        })
+    cgroup_mounts("cgroup", pick)
+}
+
+fn cgroup_mounts(fs_type: &str, pick: fn(&str) -> bool) -> Vec<PathBuf> {
+    let table = MountTable::of_self().unwrap_or_default();
+    table
+        .visible()
+        .into_iter()
+        .filter(|m| m.fs_type == fs_type && pick(&m.super_options))
+        .map(|m| m.mount_point.clone())
         .collect()
 }
 
@@ -212,16 +209,9 @@ fn extra_hierarchies() -> Vec<PathBuf> {
     out
 }
 
+/// Mount points of the seen cgroup2 hierarchy (one, or none on a v1-only host).
 pub(super) fn cgroup2_mounts() -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|l| {
-            let (pre, post) = l.split_once(" - ")?;
-            (post.split(' ').next() == Some("cgroup2"))
-                .then(|| pre.split(' ').nth(4).map(PathBuf::from))
-                .flatten()
-        })
-        .collect()
+    cgroup_mounts("cgroup2", |_| true)
 }
 
 /// Whether the cgroup exists in any v1 hierarchy (v2: in the one; systemd: its scope's).

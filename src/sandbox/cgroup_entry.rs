@@ -123,9 +123,7 @@ fn joined(opts: &str) -> bool {
 }
 
 fn single_threaded() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.split_whitespace().eq(["Threads:", "1"])))
-        .unwrap_or(false)
+    crate::proc::own_threads() == Some(1)
 }
 
 fn is_cpuset(mount: &Path) -> bool {

@@ -119,29 +119,11 @@ fn mount_one(root: &Path, m: &Mount) -> Result<(), InitError> {
 /// The mount holding `path` is made private when it is shared, so the rootfs bind and the
 /// pivot do not propagate back to the host (runc's rootfsParentMountPrivate).
 fn parent_mount_private(rootfs: &Path) -> Result<(), InitError> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| fail(format!("mountinfo: {e}")))?;
-    let best = info
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            let point = *f.get(4)?;
-            let shared = f
-                .iter()
-                .skip(6)
-                .take_while(|x| **x != "-")
-                .any(|x| x.starts_with("shared:"));
-            rootfs.starts_with(point).then_some((point.to_string(), shared))
-        })
-        .max_by_key(|(p, _)| p.len());
+    let table = crate::proc::MountTable::of_self().map_err(|e| fail(format!("mountinfo: {e}")))?;
+    let best = table.holding(rootfs).map(|m| (m.mount_point.clone(), m.is_shared()));
     if let Some((point, true)) = best {
-        mount(
-            None::<&str>,
-            point.as_str(),
-            None::<&str>,
-            MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .map_err(sys(|| format!("make {point} private")))?;
+        mount(None::<&str>, &point, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>)
+            .map_err(sys(|| format!("make {} private", point.display())))?;
     }
     Ok(())
 }

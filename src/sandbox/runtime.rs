@@ -126,15 +126,15 @@ impl FastSandbox {
     /// The init's pid while it lives in this container's cgroup (a reused pid never matches).
     fn live_pid(&self) -> Option<i32> {
         let pid = self.pid()?;
-        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let cgroups = crate::proc::cgroup_text(pid).ok()?;
         // systemd driver: systemd places the scope under its own root and the slice's path.
         let (want, scope) = match cgroup::systemd_unit(&self.cgroup) {
             Some(unit) => (format!("/{}", unit.scope), true),
             None => (self.cgroup.to_string_lossy().into_owned(), false),
         };
-        cgroups
-            .lines()
-            .filter_map(|l| l.rsplit(':').next())
+        crate::proc::parse_cgroups(&cgroups)
+            .iter()
+            .map(|e| e.path.as_str())
             .any(|p| if scope { p.ends_with(&want) } else { p == want })
             .then_some(pid)
     }

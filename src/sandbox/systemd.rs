@@ -202,8 +202,8 @@ fn wait_in_scope(pid: u32, scope: &str, until: Instant) -> Result<PathBuf, Strin
     let suffix = format!("/{scope}");
     let mut pause = Duration::from_micros(100);
     loop {
-        let text = std::fs::read_to_string(&file).map_err(|e| e.to_string())?;
-        if let Some(path) = cgroup::unified_path(&text).filter(|p| p.ends_with(&suffix)) {
+        let text = crate::proc::cgroup_text(pid as i32).map_err(|e| format!("{file}: {e}"))?;
+        if let Some(path) = crate::proc::unified_path(&text).filter(|p| p.ends_with(&suffix)) {
             return cgroup::under_v2_root(path);
         }
         if Instant::now() > until {
