@@ -153,10 +153,10 @@ async fn a_hung_runtime_create_times_out_while_the_daemon_serves_others() {
     let took = started.elapsed();
     assert_eq!(code(&e), ttrpc::Code::DEADLINE_EXCEEDED, "{}", message(&e));
     assert!(message(&e).contains("create"), "{}", message(&e));
-    assert!(
-        took >= Duration::from_secs(2) && took < Duration::from_secs(15),
-        "{took:?}"
-    );
+    // The configured 2 s limit fired, not the default: its message names it, and the call
+    // took at least that long (a lower bound holds on a busy machine).
+    assert!(message(&e).contains("within 2s"), "{}", message(&e));
+    assert!(took >= Duration::from_secs(2), "{took:?}");
     let mut left = Vec::new();
     let clean = wait_until(Duration::from_secs(5), || {
         left = processes_with("sleep 31337");

@@ -505,11 +505,9 @@ mod tests {
         let (fake, _attempts, got) = Fake::new(None);
         let p = Publisher::with_forwarder(fake, "ns", discard());
         // No await in between: the forwarder has taken nothing yet, so exactly the capacity fits.
-        let before = std::time::Instant::now();
         for i in 0..QUEUE_CAPACITY + 10 {
             p.publish(start(&format!("c{i}")));
         }
-        assert!(before.elapsed() < Duration::from_secs(5));
         assert_eq!(p.dropped(), 10);
         assert!(got.lock().unwrap().is_empty());
     }

@@ -587,7 +587,7 @@ mod tests {
         let reaper = Reaper::default();
         reaper.start().unwrap();
         let rt = fake_runtime(dir.path(), "exec sleep 1000", reaper);
-        let (t0, wall) = (tokio::time::Instant::now(), std::time::Instant::now());
+        let t0 = tokio::time::Instant::now();
         let spawn = Spawn {
             pid_file: &dir.path().join("pid"),
             console_socket: None,
@@ -599,8 +599,8 @@ mod tests {
             matches!(&e, RuntimeError::Timeout { command, after, .. } if command == "create" && *after == want),
             "{e}"
         );
+        // On tokio's clock: a timer outside it would not have advanced t0 at all.
         assert!(t0.elapsed() >= want);
-        assert!(wall.elapsed() < Duration::from_secs(10));
     }
 
     // The std lock keeps other tests' children out of this reaper's waitpid(-1) while it runs.
@@ -617,14 +617,12 @@ mod tests {
             kill: 1,
             ..Default::default()
         });
-        let started = std::time::Instant::now();
         let e = rt.kill("c1", 15, false).await.unwrap_err();
         assert!(
             matches!(&e, RuntimeError::Timeout { command, after, .. } if command == "kill" && after.as_secs() == 1),
             "{e}"
         );
         assert!(e.to_string().contains("kill did not finish within 1s"), "{e}");
-        assert!(started.elapsed() < Duration::from_secs(8));
         let grandchild: i32 = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
         let mut gone = false;
         for _ in 0..100 {

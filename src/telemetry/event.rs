@@ -3,9 +3,11 @@
 //! cannot drift apart. Optional fields are left out of the line when they do not apply.
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
+
+use crate::logging;
 
 /// Schema version written into every line (`"v"`).
 pub const SCHEMA_VERSION: u32 = 1;
@@ -152,7 +154,7 @@ impl Record {
     pub fn new(kind: Kind, id: &str, ns: &str, handler: &str) -> Self {
         Self {
             v: SCHEMA_VERSION,
-            ts: rfc3339(SystemTime::now()),
+            ts: logging::rfc3339(SystemTime::now(), logging::Fraction::Micros),
             event: kind,
             id: id.to_string(),
             exec_id: None,
@@ -210,41 +212,9 @@ pub fn this_handler() -> String {
     handler_from_argv0(&std::env::args().next().unwrap_or_default())
 }
 
-/// `YYYY-MM-DDTHH:MM:SS.ffffffZ` without a date crate (civil-from-days, H. Hinnant).
-pub fn rfc3339(t: SystemTime) -> String {
-    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or(Duration::ZERO);
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_micros()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timestamps_are_rfc3339_utc() {
-        let t = SystemTime::UNIX_EPOCH + Duration::new(1_796_080_471, 123_456_789);
-        assert_eq!(rfc3339(t), "2026-11-30T23:14:31.123456Z");
-        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
-        let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400);
-        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000000Z");
-    }
 
     #[test]
     fn pod_meta_from_either_engine() {
