@@ -1,4 +1,4 @@
-//! One lifecycle event as a line of the event log (schema version 1, documented in the README).
+//! One lifecycle event as a line of the event log (schema version 1, documented in docs/telemetry.md).
 //! The same record type is written by the daemons and read back by the exporter, so the two
 //! cannot drift apart. Optional fields are left out of the line when they do not apply.
 
