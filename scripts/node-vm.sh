@@ -363,6 +363,8 @@ cmd_run() {
   checkout=$(git -C "$script_dir" rev-parse --show-toplevel 2>/dev/null || (cd "$script_dir/.." && pwd -P))
   checkout=$(share_path "$checkout")
 
+  # A cached image skips the build, not the tools the run itself needs (qemu-img, qemu).
+  ensure_host_tools
   ensure_image
   local dir accel cpus mem t0
   dir=$(image_dir)
