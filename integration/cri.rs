@@ -21,11 +21,11 @@ use crate::common::cri::{
 use crate::common::wait_until;
 
 /// A pod name unique to this run.
-fn pod_name(base: &str) -> String {
+pub(crate) fn pod_name(base: &str) -> String {
     format!("{base}-{}", std::process::id())
 }
 
-async fn run_pod(c: &mut Client, config: &PodSandboxConfig, handler: &str) -> String {
+pub(crate) async fn run_pod(c: &mut Client, config: &PodSandboxConfig, handler: &str) -> String {
     c.run_pod_sandbox(RunPodSandboxRequest {
         config: Some(config.clone()),
         runtime_handler: handler.to_string(),
@@ -37,7 +37,13 @@ async fn run_pod(c: &mut Client, config: &PodSandboxConfig, handler: &str) -> St
 }
 
 /// Creates and starts a container; returns its id.
-async fn run_container(c: &mut Client, pod: &str, config: &PodSandboxConfig, name: &str, cmd: &[&str]) -> String {
+pub(crate) async fn run_container(
+    c: &mut Client,
+    pod: &str,
+    config: &PodSandboxConfig,
+    name: &str,
+    cmd: &[&str],
+) -> String {
     let id = c
         .create_container(CreateContainerRequest {
             pod_sandbox_id: pod.to_string(),
@@ -56,7 +62,7 @@ async fn run_container(c: &mut Client, pod: &str, config: &PodSandboxConfig, nam
     id
 }
 
-async fn status(c: &mut Client, id: &str) -> ContainerStatusResponse {
+pub(crate) async fn status(c: &mut Client, id: &str) -> ContainerStatusResponse {
     c.container_status(ContainerStatusRequest {
         container_id: id.to_string(),
         verbose: true,
@@ -66,17 +72,17 @@ async fn status(c: &mut Client, id: &str) -> ContainerStatusResponse {
     .into_inner()
 }
 
-fn state(s: &ContainerStatusResponse) -> ContainerState {
+pub(crate) fn state(s: &ContainerStatusResponse) -> ContainerState {
     ContainerState::try_from(s.status.as_ref().unwrap().state).unwrap()
 }
 
 /// The container's init pid, from the verbose `info` containerd adds to ContainerStatus.
-fn pid(s: &ContainerStatusResponse) -> u32 {
+pub(crate) fn pid(s: &ContainerStatusResponse) -> u32 {
     let info: serde_json::Value = serde_json::from_str(&s.info["info"]).unwrap();
     info["pid"].as_u64().unwrap_or_else(|| panic!("no pid in {info}")) as u32
 }
 
-async fn exec(c: &mut Client, id: &str, cmd: &[&str]) -> ExecSyncResponse {
+pub(crate) async fn exec(c: &mut Client, id: &str, cmd: &[&str]) -> ExecSyncResponse {
     c.exec_sync(ExecSyncRequest {
         container_id: id.to_string(),
         cmd: cmd.iter().map(|s| s.to_string()).collect(),
@@ -87,7 +93,7 @@ async fn exec(c: &mut Client, id: &str, cmd: &[&str]) -> ExecSyncResponse {
     .into_inner()
 }
 
-async fn wait_exited(c: &mut Client, id: &str, timeout: Duration) -> ContainerStatusResponse {
+pub(crate) async fn wait_exited(c: &mut Client, id: &str, timeout: Duration) -> ContainerStatusResponse {
     let end = Instant::now() + timeout;
     loop {
         let s = status(c, id).await;
@@ -98,7 +104,7 @@ async fn wait_exited(c: &mut Client, id: &str, timeout: Duration) -> ContainerSt
     }
 }
 
-async fn stop_and_remove_pod(c: &mut Client, pod: &str) {
+pub(crate) async fn stop_and_remove_pod(c: &mut Client, pod: &str) {
     c.stop_pod_sandbox(StopPodSandboxRequest {
         pod_sandbox_id: pod.to_string(),
     })
@@ -129,7 +135,7 @@ async fn stop_and_remove_pod(c: &mut Client, pod: &str) {
 }
 
 /// containerd's log tail (the shims' JSON lines are in it), for failure messages.
-fn tail() -> String {
+pub(crate) fn tail() -> String {
     std::fs::read_to_string(crate::common::env().dir.join("cri/containerd.log"))
         .map(|l| {
             let lines: Vec<&str> = l.lines().collect();
@@ -143,7 +149,7 @@ fn tail() -> String {
 
 /// The gantry daemons serving any of `ids` (a daemon carries the `-id` of the container whose
 /// `start` spawned it).
-fn gantry_daemons_of(cri: &Cri, ids: &[&str]) -> Vec<Daemon> {
+pub(crate) fn gantry_daemons_of(cri: &Cri, ids: &[&str]) -> Vec<Daemon> {
     cri.gantry_daemons()
         .into_iter()
         .filter(|d| ids.contains(&d.id.as_str()))
@@ -151,7 +157,7 @@ fn gantry_daemons_of(cri: &Cri, ids: &[&str]) -> Vec<Daemon> {
 }
 
 /// The pid gantry's `start` wrote into a task's bundle: the daemon serving that container.
-fn bundle_shim_pid(cri: &Cri, id: &str) -> i32 {
+pub(crate) fn bundle_shim_pid(cri: &Cri, id: &str) -> i32 {
     let p = cri.bundle(id).join("shim.pid");
     std::fs::read_to_string(&p)
         .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
@@ -162,7 +168,7 @@ fn bundle_shim_pid(cri: &Cri, id: &str) -> i32 {
 
 /// After a test's pods are gone: no gantry daemon of the CRI namespace, an empty socket dir, no
 /// bundles, no runtime state and no cgroups of `ids`.
-fn assert_gantry_clean(cri: &Cri, ids: &[&str]) {
+pub(crate) fn assert_gantry_clean(cri: &Cri, ids: &[&str]) {
     let mut left = Vec::new();
     let clean = wait_until(Duration::from_secs(30), || {
         left = cri

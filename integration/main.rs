@@ -6,6 +6,7 @@ mod catalogue;
 mod common;
 mod containerd;
 mod cri;
+mod cri_exec;
 mod crio;
 mod faults;
 mod gpu;

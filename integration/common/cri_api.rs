@@ -364,6 +364,30 @@ pub struct ExecSyncResponse {
     pub exit_code: i32,
 }
 
+/// Exec with streams: containerd answers with a URL on its streaming server, where the
+/// client attaches over SPDY or WebSocket (`common::cri_stream`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ExecRequest {
+    #[prost(string, tag = "1")]
+    pub container_id: String,
+    #[prost(string, repeated, tag = "2")]
+    pub cmd: Vec<String>,
+    #[prost(bool, tag = "3")]
+    pub tty: bool,
+    #[prost(bool, tag = "4")]
+    pub stdin: bool,
+    #[prost(bool, tag = "5")]
+    pub stdout: bool,
+    #[prost(bool, tag = "6")]
+    pub stderr: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ExecResponse {
+    #[prost(string, tag = "1")]
+    pub url: String,
+}
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ContainerStatsRequest {
     #[prost(string, tag = "1")]
@@ -465,6 +489,7 @@ client!(
     update_container_resources(UpdateContainerResourcesRequest) -> UpdateContainerResourcesResponse
         = "UpdateContainerResources";
     exec_sync(ExecSyncRequest) -> ExecSyncResponse = "ExecSync";
+    exec(ExecRequest) -> ExecResponse = "Exec";
     container_stats(ContainerStatsRequest) -> ContainerStatsResponse = "ContainerStats";
 });
 

@@ -6,6 +6,7 @@
 
 pub mod cri;
 pub mod cri_api;
+pub mod cri_stream;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
