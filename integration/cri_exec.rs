@@ -12,7 +12,7 @@ use crate::cri::{assert_gantry_clean, pod_name, run_container, run_pod, stop_and
 
 /// Runs `cmd` through CRI `Exec` and the streaming URL; `tty` asks for a terminal (then
 /// stderr is merged into it, as kubelet asks).
-async fn stream_exec(c: &mut Client, id: &str, cmd: &[&str], tty: bool, stdin: Stdin) -> Streamed {
+pub(crate) async fn stream_exec(c: &mut Client, id: &str, cmd: &[&str], tty: bool, stdin: Stdin) -> Streamed {
     let url = c
         .exec(ExecRequest {
             container_id: id.to_string(),

@@ -7,6 +7,7 @@ mod common;
 mod containerd;
 mod cri;
 mod cri_exec;
+mod cri_restart;
 mod crio;
 mod faults;
 mod gpu;

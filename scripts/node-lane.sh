@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # Modules and tests that exercise cgroups, systemd, capabilities, OOM and the engines; the
 # `node::` tests and a few others exist only for the guest (ignored elsewhere).
 FILTERS=(node:: stats_oom::oom stats_oom::crio_oom containerd:: crio:: lifecycle:: security:: cri:: sandbox::
-         cri_exec::cri_exec_with_a_terminal
+         cri_exec::cri_exec_with_a_terminal cri_restart::
          faults::containerd_restart)
 [ $# -gt 0 ] && FILTERS=("$@")
 

@@ -51,6 +51,11 @@ pub struct Cri {
     /// CRI tests take turns: they check global state (all gantry daemons of `k8s.io`, the
     /// socket dir), and the machine has two cores.
     serial: tokio::sync::Mutex<()>,
+    /// containerd's config and PATH, to start it again after a restart test stopped it.
+    containerd_config: PathBuf,
+    path: String,
+    /// The running containerd's pid; 0 while a test has it stopped.
+    containerd: std::sync::Mutex<u32>,
 }
 
 static CRI: tokio::sync::OnceCell<Cri> = tokio::sync::OnceCell::const_new();
@@ -62,8 +67,13 @@ pub async fn cri() -> &'static Cri {
 
 impl Cri {
     /// Holds the CRI tests' turn.
+    /// Starts containerd again first if a restart test failed while it was stopped.
     pub async fn serial(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.serial.lock().await
+        let turn = self.serial.lock().await;
+        if *self.containerd.lock().unwrap() == 0 {
+            self.start_containerd().await;
+        }
+        turn
     }
 
     /// A new CRI RuntimeService client (a fresh channel: each test has its own tokio runtime).
@@ -219,16 +229,8 @@ state = {state:?}
     let shim_dir = Path::new(SHIM).parent().unwrap().to_path_buf();
     let path = format!("{}:{}", shim_dir.display(), std::env::var("PATH").unwrap_or_default());
     let log = dir.join("containerd.log");
-    let log_file = std::fs::File::create(&log).unwrap();
-    let mut cmd = Command::new("containerd");
-    cmd.arg("--config")
-        .arg(&cd_config)
-        .env("PATH", &path)
-        // gantry must find its config through the handler's ConfigPath alone.
-        .env_remove("GANTRY_CONFIG")
-        .stdout(log_file.try_clone().unwrap())
-        .stderr(log_file);
-    super::spawn_for_life(cmd);
+    std::fs::File::create(&log).unwrap();
+    let pid = spawn_containerd(&cd_config, &log, &path);
 
     let c = Cri {
         dir: dir.clone(),
@@ -241,6 +243,9 @@ state = {state:?}
         runc_root,
         pod_logs,
         serial: tokio::sync::Mutex::new(()),
+        containerd_config: cd_config,
+        path,
+        containerd: std::sync::Mutex::new(pid),
     };
     let up = super::wait_until(Duration::from_secs(30), || c.ctr(&["version"]).status.success());
     assert!(up, "CRI containerd did not start:\n{}", c.log_tail(60));
@@ -248,33 +253,81 @@ state = {state:?}
         let o = c.ctr(&["images", "import", tar.to_str().unwrap()]);
         assert!(o.status.success(), "import {}: {}", tar.display(), text(&o));
     }
-
-    // The CRI service answers, and its image store has caught up with the imports (it
-    // learns of them from containerd's events).
-    let ch = channel(&c.sock).await;
-    let mut rt = RuntimeServiceClient::new(ch.clone());
-    let mut images = ImageServiceClient::new(ch);
-    let mut ready = false;
-    for _ in 0..200 {
-        let version_ok = rt.version(VersionRequest::default()).await.is_ok();
-        let mut both = version_ok;
-        for image in [PAUSE_IMAGE, IMAGE] {
-            let st = images
-                .image_status(ImageStatusRequest {
-                    image: Some(image_spec(image)),
-                    verbose: false,
-                })
-                .await;
-            both &= st.map(|r| r.into_inner().image.is_some()).unwrap_or(false);
-        }
-        if both {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(ready, "CRI plugin not ready or images not visible:\n{}", c.log_tail(60));
+    c.wait_ready().await;
     c
+}
+
+/// Starts containerd on `config`, its output appended to `log`; returns its pid.
+fn spawn_containerd(config: &Path, log: &Path, path: &str) -> u32 {
+    let log_file = std::fs::OpenOptions::new().append(true).open(log).unwrap();
+    let mut cmd = Command::new("containerd");
+    cmd.arg("--config")
+        .arg(config)
+        .env("PATH", path)
+        // gantry must find its config through the handler's ConfigPath alone.
+        .env_remove("GANTRY_CONFIG")
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file);
+    super::spawn_for_life(cmd)
+}
+
+impl Cri {
+    /// Stops containerd the way `systemctl stop containerd` does (SIGTERM; the shims and their
+    /// containers keep running) and waits until it has exited.
+    pub fn stop_containerd(&self) {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        let mut pid = self.containerd.lock().unwrap();
+        assert_ne!(*pid, 0, "containerd is already stopped");
+        let p = nix::unistd::Pid::from_raw(*pid as i32);
+        nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGTERM).unwrap();
+        // The child is this process's (spawn_for_life only parks its handle): reap it here.
+        let exited = super::wait_until(Duration::from_secs(30), || {
+            !matches!(waitpid(p, Some(WaitPidFlag::WNOHANG)), Ok(WaitStatus::StillAlive))
+        });
+        assert!(exited, "containerd did not exit on SIGTERM:\n{}", self.log_tail(40));
+        *pid = 0;
+    }
+
+    /// Starts containerd again on the same config and state, and waits until its CRI answers.
+    pub async fn start_containerd(&self) {
+        {
+            let mut pid = self.containerd.lock().unwrap();
+            assert_eq!(*pid, 0, "containerd is running");
+            *pid = spawn_containerd(&self.containerd_config, &self.log, &self.path);
+        }
+        let up = super::wait_until(Duration::from_secs(30), || self.ctr(&["version"]).status.success());
+        assert!(up, "containerd did not come back:\n{}", self.log_tail(60));
+        self.wait_ready().await;
+    }
+
+    /// The CRI service answers, and its image store has caught up with the imports (it learns
+    /// of them from containerd's events).
+    async fn wait_ready(&self) {
+        let c = self;
+        let ch = channel(&c.sock).await;
+        let mut rt = RuntimeServiceClient::new(ch.clone());
+        let mut images = ImageServiceClient::new(ch);
+        let mut ready = false;
+        for _ in 0..200 {
+            let version_ok = rt.version(VersionRequest::default()).await.is_ok();
+            let mut both = version_ok;
+            for image in [PAUSE_IMAGE, IMAGE] {
+                let st = images
+                    .image_status(ImageStatusRequest {
+                        image: Some(image_spec(image)),
+                        verbose: false,
+                    })
+                    .await;
+                both &= st.map(|r| r.into_inner().image.is_some()).unwrap_or(false);
+            }
+            if both {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(ready, "CRI plugin not ready or images not visible:\n{}", c.log_tail(60));
+    }
 }
 
 /// runc shims of an aborted earlier run's CRI containerd (they outlive it); gantry's daemons

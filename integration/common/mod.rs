@@ -133,7 +133,7 @@ pub fn env() -> &'static Env {
         let notify = dir.join("notify.sock");
         let notify_socket = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
         cmd.envs(SERVICE_MANAGER_ENV).env("NOTIFY_SOCKET", &notify);
-        spawn_for_life(cmd);
+        let _ = spawn_for_life(cmd);
         let env = Env {
             dir: dir.clone(),
             ctr_sock,
@@ -650,7 +650,7 @@ pub async fn crio_remove(
 
 /// Starts a service (containerd) that lives exactly as long as this test binary: it is spawned
 /// from a thread that never ends, with PDEATHSIG, so it dies however the binary ends.
-pub fn spawn_for_life(mut cmd: Command) {
+pub fn spawn_for_life(mut cmd: Command) -> u32 {
     let (tx, rx) = std::sync::mpsc::channel();
     #[allow(clippy::zombie_processes)]
     std::thread::spawn(move || {
@@ -674,5 +674,5 @@ pub fn spawn_for_life(mut cmd: Command) {
     });
     rx.recv()
         .unwrap()
-        .unwrap_or_else(|e| panic!("start containerd: {e} (apt-get install containerd)"));
+        .unwrap_or_else(|e| panic!("start containerd: {e} (apt-get install containerd)"))
 }
