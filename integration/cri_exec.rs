@@ -84,7 +84,8 @@ async fn cri_exec_with_a_terminal() {
 /// Runs of `crictl exec -it CT tty` under `script … < /dev/null` lost their output when the
 /// client's EOF key reached the exec's stdin after the process had exited (containerd then
 /// closed the terminal's output early). Every run's output must be complete: 200 short ones,
-/// and a few that write 1 MiB and exit. Not in the node lane: nothing here depends on the
+/// half with stdin at EOF, half with stdin open and silent, and a few that write 1 MiB and
+/// exit. Not in the node lane: nothing here depends on the
 /// host's shape, and 200 runs under TCG would take most of the lane's time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cri_tty_exec_output_is_complete_with_stdin_at_eof() {
@@ -101,7 +102,11 @@ async fn cri_tty_exec_output_is_complete_with_stdin_at_eof() {
 
     let mut lost = Vec::new();
     for i in 0..SHORT_RUNS {
-        let r = stream_exec(&mut c, &box_id, &["tty"], true, Stdin::EofKey).await;
+        // Not `Stdin::Nothing`: a terminal exec without stdin loses its output through
+        // containerd 1.6's CRI whatever the shim (measured here: 37 of 67 such runs with
+        // containerd's runc shim, 31 of 67 with gantry), so it cannot tell gantry apart.
+        let stdin = if i % 2 == 0 { Stdin::EofKey } else { Stdin::Open };
+        let r = stream_exec(&mut c, &box_id, &["tty"], true, stdin).await;
         if !r.stdout_text().contains("/dev/pts/") || r.exit_code() != Some(0) {
             lost.push(format!("run {i}: {r:?}"));
         }

@@ -111,7 +111,7 @@ async fn cri_containerd_restart_under_a_running_gantry_pod() {
         &work,
         &["sh", "-c", "test -t 1 && echo tty; exit 2"],
         true,
-        Stdin::Nothing,
+        Stdin::Open,
     )
     .await;
     assert!(r.stdout_text().contains("tty"), "{r:?}");

@@ -24,8 +24,10 @@ const EOF_KEY: u8 = 0x04;
 
 /// What the client sends on stdin.
 pub enum Stdin {
-    /// Nothing (the exec was asked for without stdin, or stdin stays open and silent).
+    /// No stdin: the exec is asked for without one.
     Nothing,
+    /// Stdin is asked for and stays open, silent.
+    Open,
     /// These bytes once the streams are open.
     Bytes(Vec<u8>),
     /// The terminal's EOF key again and again until the status arrives: what `crictl exec -it`
