@@ -125,3 +125,97 @@ fn probes_start_nothing() {
     let features: serde_json::Value = serde_json::from_slice(&any.value).unwrap();
     assert_eq!(features, f, "the configured runtime's own features document");
 }
+
+/// Runs `-info` with `stdin` as containerd 2.3 gives it (the handler's options, marshalled).
+fn info_with(stdin: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(SHIM)
+        .arg("-info")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// The `features` JSON inside `-info`'s answer.
+fn info_features(
+    o: &std::process::Output,
+) -> (
+    serde_json::Value,
+    containerd_shim_protos::types::introspection::RuntimeInfo,
+) {
+    assert!(o.status.success(), "{}", text(o));
+    let info: containerd_shim_protos::types::introspection::RuntimeInfo =
+        protobuf::Message::parse_from_bytes(&o.stdout).unwrap();
+    let any = info.features.as_ref().expect("features");
+    (serde_json::from_slice(&any.value).unwrap(), info)
+}
+
+/// A stand-in OCI runtime whose `features` names itself.
+fn fake_runtime(dir: &Path, name: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(
+        &p,
+        format!(
+            "#!/bin/sh\ncase \" $* \" in *' features '*) echo '{{\"ociVersionMin\":\"1.0.0\",\"ociVersionMax\":\"1.2.0\",\"annotations\":{{\"runtime\":\"{name}\"}}}}';; *) exit 1;; esac\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// containerd 2.3 passes the handler's options on `-info`'s stdin: runc `Options.BinaryName`
+/// or the config that CRI's `ConfigPath` names picks the runtime whose features are reported,
+/// the options come back in `RuntimeInfo.options`, and bytes that are no `Any` are refused.
+#[test]
+fn info_reports_the_runtime_the_handlers_options_select() {
+    use containerd_shim_protos::protobuf::well_known_types::any::Any;
+    use protobuf::Message;
+    let dir = tempfile::tempdir().unwrap();
+    let by_options = fake_runtime(dir.path(), "runtime-from-options");
+    let by_config = fake_runtime(dir.path(), "runtime-from-config");
+
+    let runc = containerd_shim_protos::shim::oci::Options {
+        binary_name: by_options.to_str().unwrap().into(),
+        ..Default::default()
+    };
+    let any = Any {
+        type_url: "containerd.runc.v1.Options".into(),
+        value: runc.write_to_bytes().unwrap(),
+        ..Default::default()
+    };
+    let (features, info) = info_features(&info_with(&any.write_to_bytes().unwrap()));
+    assert_eq!(features["annotations"]["runtime"], "runtime-from-options", "{features}");
+    assert_eq!(
+        info.options.as_ref(),
+        Some(&any),
+        "the options are echoed as runc's shim does"
+    );
+
+    // CRI's runtimeoptions.v1.Options { type_url = 1, config_path = 2 }.
+    let config = dir.path().join("gantry.toml");
+    std::fs::write(&config, format!("[runtime]\nbinary = {:?}\n", by_config)).unwrap();
+    let path = config.to_str().unwrap().as_bytes();
+    let mut value = vec![0x12, path.len() as u8];
+    value.extend_from_slice(path);
+    let any = Any {
+        type_url: "type.googleapis.com/runtimeoptions.v1.Options".into(),
+        value,
+        ..Default::default()
+    };
+    let (features, _) = info_features(&info_with(&any.write_to_bytes().unwrap()));
+    assert_eq!(features["annotations"]["runtime"], "runtime-from-config", "{features}");
+
+    let o = info_with(b"\xff\xff not a protobuf");
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("runtime options on stdin"),
+        "{}",
+        text(&o)
+    );
+}

@@ -47,6 +47,10 @@ pub enum BootstrapError {
     Runtime(#[from] crate::runtime::RuntimeError),
     #[error(transparent)]
     Spec(#[from] crate::spec::SpecError),
+    #[error(
+        "runtime options on stdin are not a protobuf Any ({0}); containerd sends the handler's options marshalled"
+    )]
+    Options(String),
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> BootstrapError + 'a {
@@ -412,18 +416,15 @@ pub fn version_text() -> String {
     )
 }
 
-/// `features`: the configured OCI runtime's own features JSON.
-pub async fn features() -> Result<Vec<u8>, BootstrapError> {
-    let (c, _) = Config::resolve(None)?;
+/// `features`: the OCI runtime's own features JSON, for the runtime a Create with these engine
+/// options would use (runc `BinaryName` first, then the config `ConfigPath` names), so an
+/// engine asking about one handler learns what that handler's containers get.
+pub async fn features(engine: &EngineOptions) -> Result<Vec<u8>, BootstrapError> {
+    let (c, _) = Config::resolve(engine.config_path.as_deref())?;
+    let binary = engine.binary_name.clone().unwrap_or(c.runtime.binary);
     let reaper = Reaper::default();
     reaper.start().map_err(io_err("signal handler", Path::new("/")))?;
-    let rt = OciRuntime::new(
-        &c.runtime.binary,
-        c.runtime.root,
-        false,
-        PathBuf::from("/dev/null"),
-        reaper,
-    );
+    let rt = OciRuntime::new(&binary, c.runtime.root, false, PathBuf::from("/dev/null"), reaper);
     Ok(rt.features().await?)
 }
 
@@ -443,10 +444,20 @@ pub fn features_any(json: Vec<u8>) -> containerd_shim_protos::protobuf::well_kno
     }
 }
 
-/// `-info`: a `RuntimeInfo` protobuf, as containerd 2.x asks of shims.
-pub async fn info() -> Vec<u8> {
+/// `-info`: a `RuntimeInfo` protobuf, as containerd 2.x asks of shims. `stdin` holds the
+/// handler's runtime options as containerd sends them (a marshalled `Any`: runc `Options`, or
+/// the CRI's `runtimeoptions` with gantry's `ConfigPath`); they pick the runtime whose features
+/// are reported, and are echoed in `RuntimeInfo.options` as runc's shim does. A runtime
+/// without `features` leaves the field empty (runc's shim does the same).
+pub async fn info(stdin: &[u8]) -> Result<Vec<u8>, BootstrapError> {
+    use containerd_shim_protos::protobuf::well_known_types::any::Any;
     use containerd_shim_protos::types::introspection::{RuntimeInfo, RuntimeVersion};
-    let features = features().await.ok();
+    let given = match stdin {
+        [] => None,
+        bytes => Some(Any::parse_from_bytes(bytes).map_err(|e| BootstrapError::Options(e.to_string()))?),
+    };
+    let engine = given.as_ref().map(options::from_any).unwrap_or_default();
+    let features = features(&engine).await.ok();
     let info = RuntimeInfo {
         name: "io.containerd.gantry.v2".into(),
         version: containerd_shim_protos::protobuf::MessageField::some(RuntimeVersion {
@@ -455,9 +466,10 @@ pub async fn info() -> Vec<u8> {
             ..Default::default()
         }),
         features: features.map(features_any).into(),
+        options: given.into(),
         ..Default::default()
     };
-    info.write_to_bytes().unwrap_or_default()
+    Ok(info.write_to_bytes().unwrap_or_default())
 }
 
 /// `check-config [path]`: validates a file and prints what it resolved to.

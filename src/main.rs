@@ -37,8 +37,14 @@ fn run() -> Result<()> {
     let mut out = std::io::stdout();
     match action {
         Action::Version => out.write_all(bootstrap::version_text().as_bytes())?,
-        Action::Info => out.write_all(&current_thread()?.block_on(bootstrap::info()))?,
-        Action::Features => out.write_all(&current_thread()?.block_on(bootstrap::features())?)?,
+        Action::Info => {
+            let stdin = bootstrap::read_stdin();
+            out.write_all(&current_thread()?.block_on(bootstrap::info(&stdin))?)?
+        }
+        Action::Features => {
+            let defaults = gantry::options::EngineOptions::default();
+            out.write_all(&current_thread()?.block_on(bootstrap::features(&defaults))?)?
+        }
         Action::SeccompProfile(caps) => out.write_all(gantry::security::profile_json(caps.as_deref()).as_bytes())?,
         Action::CheckConfig(path) => out.write_all(bootstrap::check_config(path.as_deref())?.as_bytes())?,
         Action::Start => {
