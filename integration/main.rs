@@ -14,6 +14,7 @@ mod gpu;
 mod install;
 mod lifecycle;
 mod metrics;
+mod mount_helper;
 mod node;
 mod sandbox;
 mod security;

@@ -29,6 +29,10 @@ fn run() -> Result<()> {
     if argv.first().map(String::as_str) == Some("sandbox-init") {
         std::process::exit(gantry::sandbox::init::main(&argv[1..]));
     }
+    // The rootfs mounts of a Create, away from the daemon (see gantry::mount).
+    if argv.first().map(String::as_str) == Some(gantry::mount::HELPER_ARG) {
+        std::process::exit(gantry::mount::helper_main());
+    }
     // The node exporter has flags of its own (`--listen`), not the shim's Go-style set.
     if argv.first().map(String::as_str) == Some("metrics") {
         return Ok(gantry::telemetry::exporter::run(&argv[1..])?);

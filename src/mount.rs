@@ -1,19 +1,31 @@
 //! Mounting the rootfs containerd hands over in Create, and taking it down again. The mounts
-//! run in a forked helper process: a long overlay option string needs a change of working
-//! directory, and a mount can block (a slow or stuck filesystem), neither of which the
-//! daemon's only thread may suffer. Options become mount(2) calls in [`options`].
+//! run in a helper process, this binary re-executed as `mount-helper`: a long overlay option
+//! string needs a change of working directory, and a mount can block (a slow or stuck
+//! filesystem), neither of which the daemon may suffer. The helper is exec'd rather than
+//! forked: the daemon has threads (the blocking pool, the cgroup warm-up), and a forked copy
+//! of a threaded process may find a lock held forever. Options become mount(2) calls in
+//! [`options`].
 
+use std::io::Read;
 use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::Instant;
 
 use containerd_shim_protos::api::Mount;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::reaper::Reaper;
 
 pub mod options;
+
+/// The first argument that makes this binary the mount helper.
+pub const HELPER_ARG: &str = "mount-helper";
+/// The helper's `argv[0]`, so process listings tell it from a daemon.
+const HELPER_NAME: &str = "gantry-mount-helper";
 
 #[derive(Debug, Error)]
 pub enum MountError {
@@ -29,7 +41,22 @@ pub enum MountError {
     Helper { target: String, message: String },
 }
 
-/// Mounts each of containerd's rootfs mounts on `target` in order, in a forked helper; returns
+/// What the helper is asked to do: the engine's mounts, in order, on `target`. It travels as
+/// JSON on the helper's stdin.
+#[derive(Debug, Serialize, Deserialize)]
+struct Request {
+    target: PathBuf,
+    mounts: Vec<Wanted>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Wanted {
+    fs_type: String,
+    source: String,
+    options: Vec<String>,
+}
+
+/// Mounts each of containerd's rootfs mounts on `target` in order, in the helper; returns
 /// the resolved target the mounts sit on (`/proc/self/mountinfo` names mount points by their
 /// real path, so a bundle behind a symlink, such as /var/run -> /run, is unmounted by that path).
 pub async fn mount_all(mounts: &[Mount], target: &Path, reaper: &Reaper) -> Result<PathBuf, MountError> {
@@ -41,20 +68,18 @@ pub async fn mount_all(mounts: &[Mount], target: &Path, reaper: &Reaper) -> Resu
         target: target.display().to_string(),
         source,
     })?;
-    let work = || {
-        for m in mounts {
-            let plan = options::plan(&m.type_, &m.options);
-            if let Some(dir) = &plan.chdir {
-                std::env::set_current_dir(dir).map_err(|e| format!("overlay lower directories under {dir}: {e}"))?;
-            }
-            let fs_type = (!m.type_.is_empty()).then_some(m.type_.as_str());
-            let source = (!m.source.is_empty()).then_some(m.source.as_str());
-            options::apply(source, fs_type, &target, &plan)
-                .map_err(|e| format!("mount {} {:?}: {e}", m.type_, m.source))?;
-        }
-        Ok(())
+    let request = Request {
+        target: target.clone(),
+        mounts: mounts
+            .iter()
+            .map(|m| Wanted {
+                fs_type: m.type_.clone(),
+                source: m.source.clone(),
+                options: m.options.clone(),
+            })
+            .collect(),
     };
-    if let Err(failed) = in_helper(work, reaper).await {
+    if let Err(failed) = in_helper(&request, reaper).await {
         let _ = unmount_all(&target);
         let target = target.display().to_string();
         return Err(match failed {
@@ -73,53 +98,91 @@ enum Failed {
     Helper(String),
 }
 
-/// Runs `work` in a forked child that only does that and `_exit`s; its error text comes back
-/// over a pipe, its exit through the reaper. The daemon runs one thread, so the child starts
-/// with a consistent copy of it.
-async fn in_helper(work: impl FnOnce() -> Result<(), String>, reaper: &Reaper) -> Result<(), Failed> {
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Failed::Helper(format!("pipe: {e}")))?;
+/// Runs the request in `/proc/self/exe mount-helper`: the request goes in on stdin, the
+/// reason for a refusal comes back on stdout (exit status 1), the exit through the reaper.
+async fn in_helper(request: &Request, reaper: &Reaper) -> Result<(), Failed> {
+    let body = serde_json::to_vec(request).map_err(|e| Failed::Helper(format!("encode the request: {e}")))?;
+    let mut cmd = std::process::Command::new("/proc/self/exe");
+    cmd.arg0(HELPER_NAME)
+        .arg(HELPER_ARG)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    crate::environ::sanitise(&mut cmd);
     let since = Instant::now();
-    // SAFETY: the child runs `work` (mount syscalls and their bookkeeping) and `_exit`s; it
-    // never returns into the runtime.
-    match unsafe { nix::unistd::fork() } {
-        Ok(nix::unistd::ForkResult::Child) => {
-            drop(r);
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
-                .unwrap_or_else(|_| Err("the mount helper panicked".into()));
-            let code = match result {
-                Ok(()) => 0,
-                Err(message) => {
-                    let _ = nix::unistd::write(&w, message.as_bytes());
-                    1
-                }
-            };
-            // SAFETY: ends the child without running the parent's destructors or atexit hooks.
-            unsafe { libc::_exit(code) }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Failed::Helper(format!("start the mount helper: {e}")))?;
+    let exit = reaper.subscribe_since(child.id() as i32, Some(since));
+    let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+    let write = async {
+        if let Some(w) = stdin.and_then(|w| tokio::net::unix::pipe::Sender::from_owned_fd(OwnedFd::from(w)).ok()) {
+            let mut w = w;
+            // A helper that died early closes its stdin: its exit status says why.
+            let _ = w.write_all(&body).await;
         }
-        Ok(nix::unistd::ForkResult::Parent { child }) => {
-            let exit = reaper.subscribe_since(child.as_raw(), Some(since));
-            drop(w);
-            let message = read_all(r).await;
-            match exit.await {
-                Ok(e) if e.status == 0 => Ok(()),
-                Ok(e) if e.status == 1 && !message.is_empty() => Err(Failed::Work(message)),
-                Ok(e) => Err(Failed::Helper(format!(
-                    "the mount helper exited with status {} {message}",
-                    e.status
-                ))),
-                Err(_) => Err(Failed::Helper("the mount helper's exit was lost".into())),
-            }
-        }
-        Err(e) => Err(Failed::Helper(format!("fork the mount helper: {e}"))),
+    };
+    let (_, message, stderr) = tokio::join!(
+        write,
+        read_all(stdout.map(OwnedFd::from)),
+        read_all(stderr.map(OwnedFd::from))
+    );
+    match exit.await {
+        Ok(e) if e.status == 0 => Ok(()),
+        Ok(e) if e.status == 1 && !message.is_empty() => Err(Failed::Work(message)),
+        Ok(e) => Err(Failed::Helper(format!(
+            "the mount helper exited with status {} {message} {stderr}",
+            e.status
+        ))),
+        Err(_) => Err(Failed::Helper("the mount helper's exit was lost".into())),
     }
 }
 
-async fn read_all(fd: OwnedFd) -> String {
+async fn read_all(fd: Option<OwnedFd>) -> String {
     let mut text = Vec::new();
-    if let Ok(mut r) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
+    if let Some(Ok(mut r)) = fd.map(tokio::net::unix::pipe::Receiver::from_owned_fd) {
         let _ = r.read_to_end(&mut text).await;
     }
     String::from_utf8_lossy(&text).trim().to_string()
+}
+
+/// The helper's side: reads the request on stdin and mounts. Exit status 0 when every mount
+/// is in place, 1 with the reason on stdout when one was refused, 2 for a request that could
+/// not be read (on stderr).
+pub fn helper_main() -> i32 {
+    let mut input = Vec::new();
+    if let Err(e) = std::io::stdin().read_to_end(&mut input) {
+        eprintln!("mount-helper: read the request: {e}");
+        return 2;
+    }
+    let request: Request = match serde_json::from_slice(&input) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mount-helper: the request on stdin is not valid: {e}");
+            return 2;
+        }
+    };
+    match mount_request(&request) {
+        Ok(()) => 0,
+        Err(message) => {
+            print!("{message}");
+            1
+        }
+    }
+}
+
+fn mount_request(request: &Request) -> Result<(), String> {
+    for m in &request.mounts {
+        let plan = options::plan(&m.fs_type, &m.options);
+        if let Some(dir) = &plan.chdir {
+            std::env::set_current_dir(dir).map_err(|e| format!("overlay lower directories under {dir}: {e}"))?;
+        }
+        let fs_type = (!m.fs_type.is_empty()).then_some(m.fs_type.as_str());
+        let source = (!m.source.is_empty()).then_some(m.source.as_str());
+        options::apply(source, fs_type, &request.target, &plan)
+            .map_err(|e| format!("mount {} {:?}: {e}", m.fs_type, m.source))?;
+    }
+    Ok(())
 }
 
 /// Unmounts everything at or below `target` (lazily if busy), found by its resolved path; a
@@ -141,66 +204,4 @@ pub fn unmount_all(target: &Path) -> Result<(), MountError> {
 pub fn is_mountpoint(target: &Path) -> bool {
     let target = target.canonicalize().unwrap_or_else(|_| target.to_path_buf());
     crate::proc::MountTable::of_self().is_ok_and(|t| t.is_mount_point(&target))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn mount(fs_type: &str, source: &str, options: Vec<String>) -> Mount {
-        Mount {
-            type_: fs_type.into(),
-            source: source.into(),
-            options,
-            ..Default::default()
-        }
-    }
-
-    // The std lock keeps other tests' children out of this reaper's waitpid(-1) while it runs.
-    #[allow(clippy::await_holding_lock)]
-    #[tokio::test]
-    async fn mounts_run_in_a_helper_that_cannot_take_the_daemon_down() {
-        if !nix::unistd::geteuid().is_root() {
-            return;
-        }
-        let _children = crate::sys::test_children_lock();
-        let reaper = Reaper::default();
-        reaper.start().unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let cwd = std::env::current_dir().unwrap();
-
-        let target = dir.path().join("ok");
-        let got = mount_all(&[mount("tmpfs", "tmpfs", vec!["size=1m".into()])], &target, &reaper)
-            .await
-            .unwrap();
-        assert!(is_mountpoint(&got), "the helper's mount is visible to the daemon");
-        unmount_all(&got).unwrap();
-        assert!(!is_mountpoint(&got));
-
-        // Over a page of overlay options: mount_rootfs changes directory to the layers' common
-        // prefix, and `_exit`s when it cannot. In the daemon's own process, that was the end.
-        let prefix = dir.path().join("missing").join("x".repeat(100));
-        let lower: Vec<String> = (0..60)
-            .map(|i| prefix.join(format!("layer{i}")).display().to_string())
-            .collect();
-        let options = vec![
-            format!("lowerdir={}", lower.join(":")),
-            format!("upperdir={}", dir.path().join("u").display()),
-            format!("workdir={}", dir.path().join("w").display()),
-        ];
-        let e = mount_all(&[mount("overlay", "overlay", options)], &dir.path().join("ov"), &reaper)
-            .await
-            .unwrap_err();
-        assert!(e.to_string().contains("overlay lower directories"), "{e}");
-        assert_eq!(std::env::current_dir().unwrap(), cwd, "the daemon's directory changed");
-
-        let e = mount_all(&[mount("nosuchfs", "x", vec![])], &dir.path().join("bad"), &reaper)
-            .await
-            .unwrap_err();
-        assert!(e.to_string().contains("nosuchfs"), "{e}");
-        assert!(
-            matches!(e, MountError::Mount { .. }),
-            "a refused mount is the request's: {e}"
-        );
-    }
 }

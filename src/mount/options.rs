@@ -1,5 +1,5 @@
 //! Turning containerd's mount options into mount(2) calls, and finding what is mounted below a
-//! path. Pure functions, plus the two syscall sequences the forked mount helper runs.
+//! path. Pure functions, plus the two syscall sequences the mount helper (a re-exec of this binary) runs.
 
 use std::path::Path;
 
@@ -95,7 +95,7 @@ pub fn plan(fs_type: &str, options: &[String]) -> Plan {
 
 /// Overlay `lowerdir=` lists can exceed the page mount(2) copies: with many layers under one
 /// snapshot directory, the common directory becomes the working directory and the layers are
-/// named relative to it (containerd does the same). Only the forked helper may `chdir`.
+/// named relative to it (containerd does the same). Only the mount helper process may `chdir`.
 pub fn compact_lowerdirs(options: &[String]) -> (Option<String>, Vec<String>) {
     let lowers: Vec<&str> = options
         .iter()
