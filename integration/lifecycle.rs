@@ -225,3 +225,64 @@ async fn sigterm_shuts_the_daemon_down_and_leaves_containers_running() {
     assert!(wait_until(Duration::from_secs(10), || !alive(init)));
     assert_clean(env, &ns);
 }
+
+/// Replies in flight when a Shutdown empties the daemon still reach the engine: requests sent
+/// together with the Shutdown on one connection (as containerd's CRI may send a Connect or
+/// State while it shuts a pod's shim down) all get their answers before the daemon exits, in
+/// every one of many rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_in_flight_when_shutdown_ends_the_daemon_still_arrive() {
+    const ROUNDS: usize = 30;
+    const ALONGSIDE: usize = 8;
+    let env = env();
+    let ns = env.namespace("shutdown-race");
+    let mut lost = Vec::new();
+    for round in 0..ROUNDS {
+        let id = format!("sr{round}");
+        let b = crio_bundle(&ns, &id, &id, &["true"], |_| {});
+        let o = crio_start(&ns, &b.dir, &id, b"");
+        assert!(o.status.success(), "{}", text(&o));
+        let daemon = daemon_pid(&b.dir);
+        // A client the test can close, as containerd closes its shim client after Shutdown.
+        let address = String::from_utf8(o.stdout).unwrap();
+        let sock = std::os::unix::net::UnixStream::connect(address.trim_start_matches("unix://")).unwrap();
+        let closer = sock.try_clone().unwrap();
+        // SAFETY: the descriptor is a connected unix socket handed over to the client.
+        let raw =
+            unsafe { ttrpc::asynchronous::Client::from_raw_unix_socket_fd(std::os::fd::IntoRawFd::into_raw_fd(sock)) };
+        let client = containerd_shim_protos::shim_async::TaskClient::new(raw);
+        let connect = ConnectRequest {
+            id: id.clone(),
+            ..Default::default()
+        };
+        let shutdown = ShutdownRequest {
+            id: id.clone(),
+            ..Default::default()
+        };
+        let connects: Vec<_> = (0..ALONGSIDE)
+            .map(|_| {
+                let (client, connect) = (client.clone(), connect.clone());
+                tokio::spawn(async move { client.connect(ctx(), &connect).await })
+            })
+            .collect();
+        if let Err(e) = client.shutdown(ctx(), &shutdown).await {
+            lost.push(format!("round {round}: Shutdown: {e:?}"));
+        }
+        for (i, c) in connects.into_iter().enumerate() {
+            if let Err(e) = c.await.unwrap() {
+                lost.push(format!("round {round}: Connect {i}: {e:?}"));
+            }
+        }
+        closer.shutdown(std::net::Shutdown::Both).unwrap();
+        drop(client);
+        // This machine's init reaps orphans late: a zombie has exited.
+        let gone = wait_until(Duration::from_secs(10), || !gantry::proc::is_running(daemon));
+        assert!(gone, "daemon {daemon} still running after Shutdown");
+    }
+    assert!(
+        lost.is_empty(),
+        "replies lost to the daemon's exit:\n{}",
+        lost.join("\n")
+    );
+    assert_clean(env, &ns);
+}
