@@ -28,7 +28,9 @@ pub struct Exit {
 
 #[derive(Default)]
 struct Inner {
-    waiters: HashMap<i32, oneshot::Sender<Exit>>,
+    /// Every subscriber of a pid gets its exit (a Wait and the exit watcher of one process,
+    /// say): a second subscription never silently replaces the first.
+    waiters: HashMap<i32, Vec<oneshot::Sender<Exit>>>,
     unclaimed: HashMap<i32, (Exit, Instant)>,
 }
 
@@ -60,24 +62,26 @@ impl Reaper {
                 let _ = tx.send(exit);
             }
             _ => {
-                inner.waiters.insert(pid, tx);
+                let waiting = inner.waiters.entry(pid).or_default();
+                // Subscribers that gave up (their receiver dropped) need no exit.
+                waiting.retain(|w| !w.is_closed());
+                waiting.push(tx);
             }
         }
         rx
     }
 
-    /// Drops interest in `pid` (its exit will be kept as unclaimed, then expire).
-    pub fn unsubscribe(&self, pid: i32) {
-        self.lock().waiters.remove(&pid);
-    }
-
-    /// Delivers one exit to its subscriber or keeps it.
+    /// Delivers one exit to every subscriber of its pid, or keeps it when nobody listens.
     pub fn deliver(&self, exit: Exit) {
         let mut inner = self.lock();
-        if let Some(tx) = inner.waiters.remove(&exit.pid) {
-            if tx.send(exit).is_ok() {
-                return;
-            }
+        let waiting = inner.waiters.remove(&exit.pid).unwrap_or_default();
+        // Every live subscriber gets it (no short circuit).
+        let mut taken = false;
+        for tx in waiting {
+            taken |= tx.send(exit).is_ok();
+        }
+        if taken {
+            return;
         }
         let now = Instant::now();
         inner
@@ -161,6 +165,23 @@ mod tests {
         assert_eq!(r.lock().unclaimed.len(), MAX_UNCLAIMED);
         let got = r.subscribe(n).await.unwrap();
         assert_eq!(got.pid, n, "the newest is still there");
+    }
+
+    #[tokio::test]
+    async fn every_subscriber_of_a_pid_gets_its_exit() {
+        let r = Reaper::default();
+        let first = r.subscribe(9);
+        let second = r.subscribe(9);
+        let gave_up = r.subscribe(9);
+        drop(gave_up);
+        r.deliver(exit(9, 2));
+        assert_eq!(first.await.unwrap().status, 2, "the first subscriber is not replaced");
+        assert_eq!(second.await.unwrap().status, 2);
+        assert!(r.lock().unclaimed.is_empty(), "a delivered exit is not kept");
+        // Nobody left listening: the exit is kept for a later subscriber.
+        drop(r.subscribe(10));
+        r.deliver(exit(10, 1));
+        assert_eq!(r.subscribe(10).await.unwrap().status, 1);
     }
 
     #[tokio::test]
