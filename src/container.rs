@@ -146,6 +146,11 @@ impl Container {
             })
     }
 
+    /// The container's processes as its runtime lists them (`runc ps`).
+    pub async fn runtime_pids(&self) -> Result<Vec<i32>, crate::runtime::RuntimeError> {
+        self.runtime.ps(&self.id).await
+    }
+
     /// Exec ids by pid, for the execs that have one (Pids names them).
     pub fn exec_pids(&self) -> HashMap<i32, String> {
         self.execs()

@@ -676,3 +676,31 @@ async fn pids_name_the_exec_of_each_exec_pid() {
         }
     }
 }
+
+/// A Pids whose client gave up while the runtime lists processes: the `ps` call still runs to
+/// its end, under its timeout and with its exit reaped, instead of being dropped midway.
+#[tokio::test(start_paused = true)]
+async fn a_pids_dropped_while_the_runtime_lists_still_finishes_the_call() {
+    let h = harness();
+    h.create().await;
+    let gate = h.fake.hold("ps");
+    let svc = h.service();
+    let req = containerd_shim_protos::api::PidsRequest {
+        id: "c1".into(),
+        ..Default::default()
+    };
+    let pids = async move { svc.pids(&ctx(), req).await };
+    let entered = h.fake.entered("ps", 1);
+    tokio::select! {
+        r = pids => panic!("pids ended while ps was held: {:?}", r.err()),
+        _ = async { entered.await; settle().await } => {}
+    }
+    gate.add_permits(1);
+    settle().await;
+    let ps: Vec<String> = h.fake.finished().into_iter().filter(|c| c.starts_with("ps")).collect();
+    assert_eq!(
+        ps,
+        vec!["ps c1".to_string()],
+        "the dropped request's ps did not run to its end"
+    );
+}

@@ -37,6 +37,8 @@ struct State {
     /// Every live pid (init and execs).
     alive: HashSet<i32>,
     execs: Vec<i32>,
+    /// Calls that ran to their end (past gate and script), as "op args".
+    finished: Vec<String>,
 }
 
 /// The fake runtime; cheap to clone (shared state).
@@ -85,6 +87,11 @@ impl FakeRuntime {
         let mut s = self.lock();
         s.script.remove(op);
         s.gates.remove(op);
+    }
+
+    /// Calls that ran to their end, as "op args": a call dropped midway is not among them.
+    pub fn finished(&self) -> Vec<String> {
+        self.lock().finished.clone()
     }
 
     /// Every call so far, as "op args".
@@ -136,9 +143,15 @@ impl FakeRuntime {
 
     /// Records the call, then behaves as scripted.
     async fn call(&self, op: &'static str, args: String) -> Result<(), RuntimeError> {
+        let line = format!("{op} {args}").trim_end().to_string();
+        let result = self.run_call(op, line.clone()).await;
+        self.lock().finished.push(line);
+        result
+    }
+
+    async fn run_call(&self, op: &'static str, line: String) -> Result<(), RuntimeError> {
         let gate = self.lock().gates.get(op).cloned();
-        self.calls
-            .send_modify(|c| c.push(format!("{op} {args}").trim_end().to_string()));
+        self.calls.send_modify(|c| c.push(line));
         if let Some(gate) = gate {
             if let Ok(permit) = gate.acquire().await {
                 permit.forget();

@@ -128,25 +128,27 @@ impl Task for Service {
         .await
     }
 
-    async fn pids(&self, _: &TtrpcContext, req: PidsRequest) -> TResult<PidsResponse> {
-        let c = self.0.get(&req.id).map_err(|e| self.0.fail("pids", &req.id, e))?;
-        let pids = c
-            .runtime
-            .ps(&c.id)
-            .await
-            .map_err(|e| self.0.fail("pids", &req.id, e.into()))?;
-        let execs = c.exec_pids();
-        Ok(PidsResponse {
-            processes: pids
-                .into_iter()
-                .map(|pid| ProcessInfo {
-                    pid: pid as u32,
-                    info: execs.get(&pid).map(|id| process_details(id)).into(),
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
+    /// Detached like the mutating calls: a client that gives up must not leave `runc ps`
+    /// without its timeout and reaping.
+    async fn pids(&self, ctx: &TtrpcContext, req: PidsRequest) -> TResult<PidsResponse> {
+        let id = req.id.clone();
+        self.detached(ctx, "pids", id, |s| async move {
+            let c = s.get(&req.id)?;
+            let pids = c.runtime_pids().await?;
+            let execs = c.exec_pids();
+            Ok(PidsResponse {
+                processes: pids
+                    .into_iter()
+                    .map(|pid| ProcessInfo {
+                        pid: pid as u32,
+                        info: execs.get(&pid).map(|id| process_details(id)).into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            })
         })
+        .await
     }
 
     async fn close_io(&self, _: &TtrpcContext, req: CloseIORequest) -> TResult<Empty> {
