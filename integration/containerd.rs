@@ -29,9 +29,21 @@ impl Events {
                 l2.lock().unwrap().push(line);
             }
         });
-        // Let the subscription register before anything happens.
-        std::thread::sleep(Duration::from_millis(300));
-        Events { child, lines }
+        // Ready once the subscription delivers: label the namespace (a `/namespaces/update`
+        // event) until such an event arrives, instead of sleeping and hoping.
+        let events = Events { child, lines };
+        let _ = env().ctr(&ns.name, &["namespaces", "create", &ns.name]);
+        let ready = crate::common::wait_until(Duration::from_secs(30), || {
+            let _ = env().ctr(&ns.name, &["namespaces", "label", &ns.name, "gantry-events-probe=1"]);
+            events
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.contains("/namespaces/update"))
+        });
+        assert!(ready, "`ctr events` never delivered the probe event");
+        events
     }
 
     /// Topics of /tasks/* events concerning `id`, in arrival order.

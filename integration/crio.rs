@@ -164,6 +164,8 @@ async fn crio_lifecycle_grouping_and_shutdown() {
     let w1 = client.wait(ctx(), &wreq);
     let w2 = client.wait(ctx(), &wreq);
     let kill = async {
+        // Lets both Waits reach the daemon first; if they do not, the test still checks that a
+        // Wait answers with the exit whenever it arrives.
         tokio::time::sleep(Duration::from_millis(200)).await;
         client
             .kill(

@@ -164,6 +164,7 @@ async fn stdout_fifo_removed_under_a_running_container() {
     assert!(read_fifo(&mut out, Duration::from_secs(5)).contains("tick"));
     drop(out);
     std::fs::remove_file(&b.stdout).unwrap();
+    // An observation window: the writer keeps writing into a FIFO nobody reads for a while.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let st = client
         .state(
@@ -376,7 +377,9 @@ fn containerd_restart_while_containers_run() {
     cd.stop();
     let before = cd.log().len();
     sigkill(pid);
-    std::thread::sleep(Duration::from_secs(2));
+    // The container ends while containerd is down (the daemon reaps it).
+    let ended = wait_until(Duration::from_secs(10), || !gantry::proc::is_running(pid));
+    assert!(ended, "the container outlived SIGKILL");
     cd.start(&ns);
     let forwarded = wait_until(Duration::from_secs(25), || {
         let log = cd.log();

@@ -192,6 +192,8 @@ fn stalled_stdout_reader_never_blocks_kill_or_delete() {
         ],
     );
     assert!(o.status.success(), "{}", text(&o));
+    // An observation window, not synchronisation: the writer must keep running for a while
+    // with no reader (a SIGPIPE would end it within microseconds).
     std::thread::sleep(Duration::from_millis(500));
     // The reader is gone, yet the writer lives: the shim's read handle spares it SIGPIPE.
     assert_eq!(env.task_status(&ns.name, "noisy"), "RUNNING");

@@ -220,10 +220,15 @@ async fn console_sockets_take_the_pty_only_from_the_runtime() {
     std::fs::set_permissions(&ns.socket_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let console = ns.socket_dir.join(format!("pty-{daemon}-0"));
     let addr = sockaddr(&console);
+    // The attacker says when it is trying: the Create below must race a running attacker.
+    let (ready_r, ready_w) = nix::unistd::pipe().unwrap();
+    let ready_fd = std::os::fd::AsRawFd::as_raw_fd(&ready_w);
     let attacker = std::thread::spawn(move || {
+        let _open_until_done = ready_w;
         as_user(NOBODY, move || {
             // SAFETY: raw syscalls on buffers owned by this closure.
             unsafe {
+                libc::write(ready_fd, b"r".as_ptr().cast(), 1);
                 let mut tries = 0;
                 while tries < 4000 {
                     tries += 1;
@@ -257,7 +262,8 @@ async fn console_sockets_take_the_pty_only_from_the_runtime() {
             }
         })
     });
-    std::thread::sleep(Duration::from_millis(200));
+    // One byte once the attacker runs (EOF if it never started: the assertions below say so).
+    let _ = std::io::Read::read(&mut std::fs::File::from(ready_r), &mut [0u8; 1]);
     let mut out = open_fifo_reader(&b.stdout);
     let mut req = crio_create_req(&b);
     req.terminal = true;
