@@ -55,7 +55,9 @@ for rt in runc crun; do
   printf '[shim]\nsocket_dir = "%s/s"\n[runtime]\nbinary = "%s"\nroot = "%s/rt"\n' "$work" "$rt" "$work" >"$work/$rt.toml"
 done
 private_containerd_config "$work" "$sock"
-PATH="$work/bin:$PATH" containerd --config "$work/containerd.toml" >"$work/containerd.log" 2>&1 &
+# Under valgrind /proc/self/exe names valgrind: the daemon re-executes the real binary (itself
+# traced) for its mount helper and sandbox-init instead.
+GANTRY_SELF_EXE="$bin" PATH="$work/bin:$PATH" containerd --config "$work/containerd.toml" >"$work/containerd.log" 2>&1 &
 cd_pid=$!
 c() { ctr --address "$sock" -n $ns "$@"; }
 for _ in $(seq 100); do c version >/dev/null 2>&1 && break; sleep 0.1; done

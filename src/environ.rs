@@ -57,6 +57,18 @@ fn present(names: impl Iterator<Item = std::ffi::OsString>) -> Vec<String> {
         .collect()
 }
 
+/// The binary the daemon re-executes for its helpers (`mount-helper`, `sandbox-init`):
+/// `/proc/self/exe`, which names the running daemon's own file even after an upgrade replaced
+/// it on disk, so helper and daemon are always one version. `GANTRY_SELF_EXE` replaces it for
+/// tools that run the daemon under an interpreter, where `/proc/self/exe` names the
+/// interpreter (valgrind in `scripts/symbol-order.sh`).
+pub fn self_exe() -> std::path::PathBuf {
+    std::env::var_os("GANTRY_SELF_EXE")
+        .filter(|p| !p.is_empty())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/proc/self/exe".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

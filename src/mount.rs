@@ -98,11 +98,11 @@ enum Failed {
     Helper(String),
 }
 
-/// Runs the request in `/proc/self/exe mount-helper`: the request goes in on stdin, the
+/// Runs the request in `<this binary> mount-helper` ([`crate::environ::self_exe`]): the request goes in on stdin, the
 /// reason for a refusal comes back on stdout (exit status 1), the exit through the reaper.
 async fn in_helper(request: &Request, reaper: &Reaper) -> Result<(), Failed> {
     let body = serde_json::to_vec(request).map_err(|e| Failed::Helper(format!("encode the request: {e}")))?;
-    let mut cmd = std::process::Command::new("/proc/self/exe");
+    let mut cmd = std::process::Command::new(crate::environ::self_exe());
     cmd.arg0(HELPER_NAME)
         .arg(HELPER_ARG)
         .stdin(Stdio::piped())

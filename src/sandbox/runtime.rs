@@ -140,7 +140,7 @@ impl FastSandbox {
     }
 
     fn command(&self, pid_file: &Path, stdio: ProcessStdio, fds: [(OwnedFd, i32); 3]) -> Command {
-        let mut cmd = Command::new("/proc/self/exe");
+        let mut cmd = Command::new(crate::environ::self_exe());
         cmd.arg0(RECORD_BINARY)
             .arg("sandbox-init")
             .arg(&self.bundle)
