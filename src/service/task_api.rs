@@ -76,8 +76,12 @@ impl Task for Service {
     async fn start(&self, ctx: &TtrpcContext, req: StartRequest) -> TResult<StartResponse> {
         debug!(self.0.log, "start"; "id" => &req.id, "exec_id" => &req.exec_id);
         let id = req.id.clone();
-        self.detached(ctx, "start", id, |s| async move { s.do_start(req).await })
-            .await
+        let started = self
+            .detached(ctx, "start", id, |s| async move { s.do_start(req).await })
+            .await;
+        // The container now runs, usually for long: the daemon settles into its idle size.
+        crate::sys::trim_heap();
+        started
     }
 
     async fn delete(&self, ctx: &TtrpcContext, req: DeleteRequest) -> TResult<DeleteResponse> {
