@@ -219,3 +219,22 @@ fn info_reports_the_runtime_the_handlers_options_select() {
         text(&o)
     );
 }
+
+/// The shim is a static-pie executable: position-independent (`ET_DYN`, so the root daemon
+/// gets ASLR) with no program interpreter (no dynamic loader, one mapped file).
+#[test]
+fn the_binary_is_static_and_position_independent() {
+    let elf = std::fs::read(SHIM).unwrap();
+    assert_eq!(&elf[..4], b"\x7fELF");
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]);
+    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap());
+    const ET_DYN: u16 = 3;
+    const PT_INTERP: u32 = 3;
+    assert_eq!(u16_at(16), ET_DYN, "not position-independent (e_type {})", u16_at(16));
+    let (phoff, phentsize, phnum) = (u64_at(32) as usize, u16_at(54) as usize, u16_at(56) as usize);
+    let interp = (0..phnum).any(|i| {
+        let o = phoff + i * phentsize;
+        u32::from_le_bytes(elf[o..o + 4].try_into().unwrap()) == PT_INTERP
+    });
+    assert!(!interp, "the binary asks for a dynamic loader");
+}

@@ -3,7 +3,7 @@
 # containerd, with runc and with crun, the two shims interleaved run by run so that machine
 # noise hits both alike. Every number printed comes from this run.
 #
-#   scripts/bench.sh [--quick] [--out PATH]
+#   scripts/bench.sh [--quick] [--out PATH] [--mem N] [--compare BINARY]
 #
 # Measures, per OCI runtime (runc, crun) and shim (io.containerd.runc.v2, io.containerd.gantry.v2):
 #   - start latency: `ctr run --rm` of /bin/true, p50 and p90;
@@ -25,6 +25,9 @@
 # Prints one table (metric, Go shim, gantry, ratio gantry/Go, target) and writes it as JSON
 # (default target/bench/results.json). --quick runs a few of each (the CI smoke mode); targets
 # are reported, never enforced: the exit status is non-zero only when something breaks.
+# --mem N sets the idle containers per shim. --compare BINARY adds another gantry build (e.g.
+# one linked without PIE) to the memory phase, interleaved with this one, and prints its idle
+# RSS and PSS against this build's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -33,11 +36,15 @@ repo=$(pwd)
 export LC_ALL=C RUST_BACKTRACE=0
 
 quick=0
+mem_override=""
+compare=""
 out="$repo/target/bench/results.json"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --out) out=${2:?--out needs a path}; shift ;;
+    --mem) mem_override=${2:?--mem needs a count}; shift ;;
+    --compare) compare=${2:?--compare needs a gantry binary}; shift ;;
     -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -54,6 +61,11 @@ if [ "$quick" = 1 ]; then
   N_START=3 N_MEM=3 N_DENS=6 BATCH=3 N_EXEC=3 STDOUT_MIB=16 N_STDOUT=1 N_DRV=3
 else
   N_START=50 N_MEM=50 N_DENS=200 BATCH=20 N_EXEC=100 STDOUT_MIB=512 N_STDOUT=7 N_DRV=50
+fi
+[ -n "$mem_override" ] && N_MEM=$mem_override
+if [ -n "$compare" ] && [ ! -x "$compare" ]; then
+  echo "bench.sh: --compare $compare is not an executable" >&2
+  exit 2
 fi
 RUNTIMES=(runc crun)
 KINDS=(go gantry)
@@ -94,6 +106,7 @@ list_shims() {
     case "${args[0]##*/}" in
       containerd-shim-runc-v2) kind=go ;;
       containerd-shim-gantry-v2) kind=gantry ;;
+      containerd-shim-gantrycmp-v2) kind=cmp ;;
       *) continue ;;
     esac
     id="" addr="" serving=1
@@ -188,7 +201,10 @@ done
 # The same without the event log, for the event-log cost phase.
 sed 's|^log = .*|log = ""|' "$work/gantry-runc.toml" >"$work/gantry-runc-off.toml"
 private_containerd_config "$work" "$sock"
-PATH="$rel:$PATH" GANTRY_CONFIG="$work/gantry-runc.toml" \
+# The --compare build, under a runtime type of its own (containerd finds it by that name).
+mkdir -p "$work/cmpbin"
+[ -n "$compare" ] && cp "$compare" "$work/cmpbin/containerd-shim-gantrycmp-v2"
+PATH="$rel:$work/cmpbin:$PATH" GANTRY_CONFIG="$work/gantry-runc.toml" \
   containerd --config "$work/containerd.toml" >"$work/containerd.log" 2>&1 &
 cd_pid=$!
 for _ in $(seq 100); do ctr_ version >/dev/null 2>&1 && break; sleep 0.1; done
@@ -201,6 +217,7 @@ run_args() {
     go/runc) echo "--runtime io.containerd.runc.v2" ;;
     go/crun) echo "--runtime io.containerd.runc.v2 --runc-binary crun" ;;
     gantry/*) echo "--runtime io.containerd.gantry.v2 --runtime-config-path $work/gantry-$2.toml" ;;
+    cmp/*) echo "--runtime io.containerd.gantrycmp.v2 --runtime-config-path $work/gantry-$2.toml" ;;
   esac
 }
 # The two shims in alternating order: go gantry, then gantry go, ...
@@ -260,14 +277,14 @@ mib() { awk '{ printf "%.3f\n", $1 / 1024 }'; }
 phase "memory per shim: $N_MEM idle containers per shim and runtime"
 for rt in "${RUNTIMES[@]}"; do
   for ((i = 0; i < N_MEM; i++)); do
-    for k in $(order "$i"); do
+    for k in $(order "$i") ${compare:+cmp}; do
       # shellcheck disable=SC2046
       ctr_ run -d $(run_args "$k" "$rt") "$image" "mem-$rt-$k-$i" sleep 100000 >/dev/null
     done
   done
   sleep 2 # let the daemons settle into idle
   shim_memory "mem-$rt-" "$work/mem-$rt.txt"
-  for k in "${KINDS[@]}"; do
+  for k in "${KINDS[@]}" ${compare:+cmp}; do
     n=$(awk -v k="$k" '$1 == k' "$work/mem-$rt.txt" | wc -l)
     if [ "$n" != "$N_MEM" ]; then
       echo "bench.sh: found $n $k shim daemons for $N_MEM containers ($rt)" >&2
@@ -560,6 +577,14 @@ awk -F'\t' -v created="$created_counted" '$2 == "create_p50" { v[$1] = $3 }
   END { d = v["on"] - v["off"]
         printf "event log + exporter: Create RPC p50 (driver, runc) off %.3f ms, on %.3f ms, %+.3f ms  target <= +0.5 ms  %s (%d creates counted by the exporter)\n",
           v["off"], v["on"], d, (d <= 0.5 ? "pass" : "MISS"), created }' "$work/drv-events.tsv"
+# Idle memory of this build against the --compare build (measured side by side above).
+if [ -n "$compare" ]; then
+  for rt in "${RUNTIMES[@]}"; do
+    awk -F'\t' -v rt="$rt" -v n="$N_MEM" '$1 == "pss." rt || $1 == "rss." rt { split($1, m, "."); v[m[1] "," $2] = $3 }
+      END { printf "this build vs --compare build, %d idle each on %s: PSS %.3f vs %.3f MiB (%+.3f), RSS %.3f vs %.3f MiB (%+.3f)\n",
+              n, rt, v["pss,gantry"], v["pss,cmp"], v["pss,gantry"] - v["pss,cmp"], v["rss,gantry"], v["rss,cmp"], v["rss,gantry"] - v["rss,cmp"] }' "$work/results.tsv"
+  done
+fi
 phase "done"
 echo "date: $when; gantry $rev; mode: $([ "$quick" = 1 ] && echo quick || echo full)"
 echo "results: $out"
