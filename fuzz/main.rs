@@ -12,6 +12,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
+
+/// The library's GPU fixtures, compiled into this target.
+#[allow(dead_code)]
+#[path = "../src/devices/fixture.rs"]
+mod gpu_fixture;
 use proptest::test_runner::{Config as RunnerConfig, FileFailurePersistence, TestRunner};
 
 fn corpus(target: &str) -> Vec<Vec<u8>> {
@@ -283,11 +288,11 @@ fn spec_edit_pipeline() {
     let seeds = corpus("spec");
     let host = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let dev = host.path().join("dev");
-    gantry::devices::fixture::make_fake_nvidia(&dev, 2, 235).unwrap_or_else(|e| panic!("fake nodes: {e}"));
+    gpu_fixture::make_fake_nvidia(&dev, 2, 235).unwrap_or_else(|e| panic!("fake nodes: {e}"));
     let cdi = host.path().join("cdi");
     let lib = host.path().join("libcuda.so.1");
     let _ = std::fs::write(&lib, "x");
-    gantry::devices::fixture::write_nvidia_cdi_spec(&cdi, &dev, 2, "/bin/true", vec![], &lib)
+    gpu_fixture::write_nvidia_cdi_spec(&cdi, &dev, 2, "/bin/true", vec![], &lib)
         .unwrap_or_else(|e| panic!("cdi spec: {e}"));
     let mut config = gantry::config::Config::default();
     config.devices.cdi_spec_dirs = vec![cdi];

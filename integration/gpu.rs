@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use gantry::devices::fixture::{make_fake_nvidia, write_nvidia_cdi_spec, NVIDIA_MAJOR};
+use crate::gpu_fixture::{make_fake_nvidia, write_nvidia_cdi_spec, NVIDIA_MAJOR};
 
 use crate::common::{assert_clean, env, text, Ns};
 

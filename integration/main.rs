@@ -11,6 +11,10 @@ mod cri_restart;
 mod crio;
 mod faults;
 mod gpu;
+/// The library's GPU fixtures (fake NVIDIA nodes, CDI specs), compiled into this target.
+#[allow(dead_code)]
+#[path = "../src/devices/fixture.rs"]
+mod gpu_fixture;
 mod install;
 mod lifecycle;
 mod metrics;

@@ -1,9 +1,10 @@
 //! Test fixtures: fake NVIDIA nodes and nvidia-ctk-shaped CDI specs.
 //!
-//! Public (not `cfg(test)`) because the integration tests, a separate crate
-//! target, build the same fake host: real character nodes under a temporary
-//! dev root (needs root for `mknod`) and a spec like `nvidia-ctk cdi
-//! generate` writes, whose host paths point at those nodes.
+//! Compiled only into tests: the library's unit tests (`cfg(test)`), and the integration and
+//! fuzz targets, which include this file as a module of their own (`#[path]`), so no fixture
+//! ships in the library. They build the same fake host: real character nodes under a temporary
+//! dev root (needs root for `mknod`) and a spec like `nvidia-ctk cdi generate` writes, whose
+//! host paths point at those nodes.
 
 use std::fs;
 use std::io;

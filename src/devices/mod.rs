@@ -21,6 +21,7 @@ mod config;
 pub mod discover;
 pub mod edits;
 pub mod exec_env;
+#[cfg(test)]
 pub mod fixture;
 pub mod request;
 
