@@ -403,7 +403,7 @@ async fn cri_gantry_pod_lifecycle() {
     let s = status(&mut c, &work).await;
     assert_eq!(state(&s), ContainerState::ContainerExited, "{s:?}");
     assert_eq!(s.status.as_ref().unwrap().exit_code, 137);
-    let reaped = wait_until(Duration::from_secs(5), || {
+    let reaped = wait_until(Duration::from_secs(30), || {
         !std::path::Path::new(&format!("/proc/{work_pid}")).exists()
     });
     assert!(reaped, "container process {work_pid} still there");

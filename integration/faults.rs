@@ -44,7 +44,7 @@ fn read_pid(path: &Path) -> i32 {
         "{path:?} never appeared"
     );
     let mut pid = String::new();
-    assert!(wait_until(Duration::from_secs(5), || {
+    assert!(wait_until(Duration::from_secs(30), || {
         pid = std::fs::read_to_string(path).unwrap_or_default();
         pid.ends_with('\n')
     }));

@@ -306,7 +306,7 @@ async fn run_pause(o: std::process::Output, b: &CrioBundle) -> (containerd_shim_
     client.start(ctx(), &start).await.unwrap();
     // Started means the init has been released; the exec of /pause follows at once.
     let pid = created.pid;
-    assert!(wait_until(Duration::from_secs(5), || {
+    assert!(wait_until(Duration::from_secs(30), || {
         std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"/pause"))
     }));
     (client, pid)
@@ -723,7 +723,7 @@ async fn delete_after_a_dead_daemon_cleans_a_fast_path_sandbox() {
         .arg("delete")
         .env("GANTRY_CONFIG", &ns.config));
     assert!(o.status.success(), "{}", text(&o));
-    assert!(wait_until(Duration::from_secs(5), || {
+    assert!(wait_until(Duration::from_secs(30), || {
         std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z"))
     }));
     assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory/{}/po1", ns.name)).exists());
@@ -801,7 +801,7 @@ async fn fast_path_on_cgroup_v2_matches_runc() {
     for (ns, id) in [(&fast_ns, "pf2"), (&runc_ns, "pr2")] {
         let dir = unified.join(&ns.name);
         assert!(
-            wait_until(Duration::from_secs(5), || !dir.join(id).exists()),
+            wait_until(Duration::from_secs(30), || !dir.join(id).exists()),
             "{} stayed",
             dir.join(id).display()
         );
