@@ -128,16 +128,7 @@ fn probes_start_nothing() {
 
 /// Runs `-info` with `stdin` as containerd 2.3 gives it (the handler's options, marshalled).
 fn info_with(stdin: &[u8]) -> std::process::Output {
-    use std::io::Write;
-    let mut child = Command::new(SHIM)
-        .arg("-info")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+    crate::common::run_with_stdin(Command::new(SHIM).arg("-info"), stdin)
 }
 
 /// The `features` JSON inside `-info`'s answer.

@@ -2,22 +2,13 @@
 //! rootfs goes through (the daemon re-executes itself for it instead of forking), driven
 //! directly: the request on stdin, the reason for a refusal on stdout, the exit status.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
-use crate::common::{text, SHIM};
+use crate::common::{run_with_stdin, text, SHIM};
 
 fn helper(stdin: &[u8]) -> Output {
-    let mut child = Command::new(SHIM)
-        .arg("mount-helper")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+    run_with_stdin(Command::new(SHIM).arg("mount-helper"), stdin)
 }
 
 fn request(target: &Path, fs_type: &str, source: &str, options: &[String]) -> Vec<u8> {

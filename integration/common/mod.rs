@@ -56,6 +56,19 @@ pub fn run(cmd: &mut Command) -> Output {
     cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"))
 }
 
+/// Runs `cmd` with `stdin` written to its standard input, and collects its output.
+pub fn run_with_stdin(cmd: &mut Command, stdin: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 pub fn text(o: &Output) -> String {
     format!(
         "status={:?}\nstdout={}\nstderr={}",
