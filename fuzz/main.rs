@@ -303,25 +303,21 @@ fn spec_edit_pipeline() {
     fuzz("spec", strategy, |data| {
         let path = bundle.join("config.json");
         let _ = std::fs::write(&path, &data);
-        let Ok(mut loaded) = gantry::spec::load(&bundle) else {
+        let Ok(loaded) = gantry::spec::load(&bundle) else {
             return;
         };
-        match gantry::spec::edit(&bundle, &mut loaded, &config) {
-            Ok(edits) if edits.changed() => {
-                match gantry::spec::save(&bundle, &loaded) {
-                    Ok(()) => {}
-                    // Invalid text in a part the typed parse skipped: refused as malformed.
-                    Err(gantry::spec::SpecError::Parse { .. }) => return,
-                    Err(e) => panic!("save after edit: {e}"),
-                }
-                let again = std::fs::read(&path).unwrap_or_default();
-                assert!(
-                    gantry::spec::load(&bundle).is_ok(),
-                    "the saved spec does not load: {}",
-                    String::from_utf8_lossy(&again)
-                );
-            }
-            _ => {}
+        // Refused (invalid text in a part the typed parse skipped is malformed) or unchanged:
+        // nothing to write.
+        if let Ok(gantry::spec::Edited { write: Some(bytes), .. }) =
+            gantry::spec::edit_for_create(&bundle, loaded, &config)
+        {
+            gantry::spec::write(&bundle, &bytes).unwrap_or_else(|e| panic!("write after edit: {e}"));
+            let again = std::fs::read(&path).unwrap_or_default();
+            assert!(
+                gantry::spec::load(&bundle).is_ok(),
+                "the saved spec does not load: {}",
+                String::from_utf8_lossy(&again)
+            );
         }
     });
 }

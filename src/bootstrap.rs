@@ -17,10 +17,11 @@ use thiserror::Error;
 
 use crate::args::Flags;
 use crate::config::{Config, ConfigError};
-use crate::container::{RuntimeRecord, INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG};
+use crate::container::{INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG};
 use crate::options::{self, EngineOptions};
 use crate::reaper::Reaper;
-use crate::runtime::{OciRuntime, Runtime};
+use crate::runtime::choose::{oci_runtimes, RuntimeRecord};
+use crate::runtime::OciRuntime;
 use crate::{files, spec};
 
 /// The fd numbers the daemon inherits: its bound listener and the ready pipe.
@@ -353,30 +354,11 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
         .and_then(|b| serde_json::from_slice(&b).ok());
     let reaper = Reaper::default();
     reaper.start().map_err(io_err("signal handler", &bundle))?;
-    let (binary, root, systemd, socket_dir) = match record {
-        Some(r) => (r.binary, r.root, r.systemd_cgroup, r.socket_dir),
-        None => {
-            let (c, _) = Config::resolve(None)?;
-            let root = c.runtime.root.join(&flags.namespace);
-            (
-                c.runtime.binary,
-                root,
-                c.runtime.systemd_cgroup,
-                c.shim.socket_dir_for(None),
-            )
-        }
+    let record = match record {
+        Some(r) => r,
+        None => RuntimeRecord::from_config(&Config::resolve(None)?.0, &flags.namespace),
     };
-    let rt: Box<dyn Runtime> = if binary == crate::sandbox::RECORD_BINARY {
-        Box::new(crate::sandbox::FastSandbox::recover(&bundle, reaper))
-    } else {
-        Box::new(OciRuntime::new(
-            &binary,
-            root,
-            systemd,
-            bundle.join(RUNTIME_LOG),
-            reaper,
-        ))
-    };
+    let rt = oci_runtimes().for_record(&record, &bundle, reaper);
     match rt.delete(&flags.id, true).await {
         Ok(()) => {}
         Err(e) if e.is_not_found() => {}
@@ -391,7 +373,7 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
     // socket directory, whatever a planted `address` names.
     if let Ok(addr) = std::fs::read_to_string(bundle.join("address")) {
         let path = Path::new(addr.trim().trim_start_matches("unix://"));
-        if files::is_socket_in(path, &socket_dir) && UnixStream::connect(path).is_err() {
+        if files::is_socket_in(path, &record.socket_dir) && UnixStream::connect(path).is_err() {
             let _ = std::fs::remove_file(path);
         }
     }
@@ -421,7 +403,7 @@ pub fn version_text() -> String {
 /// engine asking about one handler learns what that handler's containers get.
 pub async fn features(engine: &EngineOptions) -> Result<Vec<u8>, BootstrapError> {
     let (c, _) = Config::resolve(engine.config_path.as_deref())?;
-    let binary = engine.binary_name.clone().unwrap_or(c.runtime.binary);
+    let binary = crate::runtime::choose::oci_binary(engine, &c);
     let reaper = Reaper::default();
     reaper.start().map_err(io_err("signal handler", Path::new("/")))?;
     let rt = OciRuntime::new(&binary, c.runtime.root, false, PathBuf::from("/dev/null"), reaper);

@@ -262,6 +262,22 @@ impl Config {
     }
 }
 
+/// Where a daemon's Creates get their config from the path the engine's options name (if
+/// any): [`Config::resolve`] in production, a fixed config in unit tests, whose results must
+/// not change on a host where gantry is installed.
+pub type ConfigSource =
+    std::sync::Arc<dyn Fn(Option<&str>) -> Result<(Config, Option<PathBuf>), ConfigError> + Send + Sync>;
+
+/// The production source: [`Config::resolve`].
+pub fn from_files() -> ConfigSource {
+    std::sync::Arc::new(Config::resolve)
+}
+
+/// Always `config`, whatever the engine names.
+pub fn fixed(config: Config) -> ConfigSource {
+    std::sync::Arc::new(move |_| Ok((config.clone(), None)))
+}
+
 /// Line number (1-based) and the dotted key of the table entry around byte `offset`.
 fn locate(text: &str, offset: usize) -> (usize, String) {
     let offset = offset.min(text.len());

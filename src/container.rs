@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -19,13 +19,16 @@ use crate::mount;
 use crate::process::{ExitInfo, Op, Process, Status};
 use crate::reaper::Reaper;
 use crate::runtime::Runtime;
+use cgroup_watch::CgroupWatch;
 
+mod cgroup_watch;
 mod console;
 mod create;
 mod error;
 mod exec;
 
-pub use create::{oci_runtimes, runtime_for, CreateParams, RuntimeFactory, RuntimeRecord};
+pub(crate) use create::off_reactor;
+pub use create::CreateParams;
 use error::invalid;
 pub use error::TaskError;
 pub use exec::StartedExec;
@@ -37,13 +40,13 @@ pub const RUNTIME_LOG: &str = "log.json";
 
 /// One container: its init, its execs, and what Delete must undo.
 pub struct Container {
-    pub id: String,
-    pub namespace: String,
-    pub bundle: PathBuf,
-    pub runtime: Arc<dyn Runtime>,
-    pub init: Arc<Process>,
-    pub crio: bool,
-    pub log: Logger,
+    id: String,
+    namespace: String,
+    bundle: PathBuf,
+    runtime: Arc<dyn Runtime>,
+    init: Arc<Process>,
+    crio: bool,
+    log: Logger,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     /// Exec count and init's reaping: init's exit is published last (see [`crate::exits`]).
     exits: ExitOrder,
@@ -52,71 +55,60 @@ pub struct Container {
     rootfs_mounted: Option<PathBuf>,
     console_dir: PathBuf,
     reaper: Reaper,
-    /// The container's cgroup, located from init's pid right after create.
-    pub cgroup: Option<ContainerCgroup>,
-    /// OOM kills already reported (TaskOOM published), against the kernel's counter.
-    ooms_reported: std::sync::atomic::AtomicU64,
-    /// v2: the parent's `oom_kill` as of the last read of the cgroup's own ([`NO_PARENT`] when
-    /// unknown).
-    parent_ooms: std::sync::atomic::AtomicU64,
-    /// Set once any OOM kill hit the container.
-    oom_killed: AtomicBool,
+    /// The container's cgroup, located from init's pid right after create, and its OOM kills.
+    cgroup: CgroupWatch,
     /// Init's exit, subscribed the moment its pid was known; taken by the exit monitor.
     init_exit: Mutex<Option<tokio::sync::oneshot::Receiver<crate::reaper::Exit>>>,
 }
 
-/// [`Container`]'s `parent_ooms` when there is no parent count to fall back on.
-pub const NO_PARENT: u64 = u64::MAX;
+impl Container {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn bundle(&self) -> &Path {
+        &self.bundle
+    }
+
+    pub fn init(&self) -> &Arc<Process> {
+        &self.init
+    }
+
+    /// The logger carrying the container's id.
+    pub fn log(&self) -> &Logger {
+        &self.log
+    }
+}
 
 impl Container {
     /// Whether the kernel OOM-killed anything in the container so far.
     pub fn oom_killed(&self) -> bool {
-        self.oom_killed.load(Ordering::SeqCst)
+        self.cgroup.oom_killed()
     }
 
     /// New OOM kills since the last call, per the kernel's counter (each becomes a TaskOOM).
-    ///
-    /// The systemd driver removes a container's scope as soon as it is empty, which on a busy
-    /// node can be before the daemon reads the kill that emptied it. Once the cgroup is gone,
-    /// a rise of the parent's (the pod slice's) hierarchical counter since the last read of
-    /// the cgroup's own is that kill, counted once. A sibling killed in that same moment would
-    /// be counted too: the price of not losing the kill.
     pub fn take_new_ooms(&self) -> u64 {
-        let Some(cg) = &self.cgroup else { return 0 };
-        let new = match cg.oom_kills() {
-            Ok(now) => {
-                // After the cgroup's own read: a kill counted there is never counted again.
-                self.parent_ooms
-                    .store(cg.parent_oom_kills().unwrap_or(NO_PARENT), Ordering::SeqCst);
-                now.saturating_sub(self.ooms_reported.swap(now, Ordering::SeqCst))
-            }
-            Err(crate::cgroups::CgroupError::Gone(_)) => {
-                let base = self.parent_ooms.load(Ordering::SeqCst);
-                match cg.parent_oom_kills() {
-                    Some(now) if base != NO_PARENT && now > base => {
-                        self.parent_ooms.store(now, Ordering::SeqCst);
-                        1
-                    }
-                    _ => 0,
-                }
-            }
-            Err(_) => 0,
-        };
+        let new = self.cgroup.take_new_ooms();
         if new > 0 {
-            self.oom_killed.store(true, Ordering::SeqCst);
             warn!(self.log, "OOM kill"; "count" => new);
         }
         new
     }
 
-    /// Stats of the container's cgroup as the `Any` engines decode.
-    pub fn stats(&self) -> Result<Any, TaskError> {
+    /// A watcher of the cgroup's OOM kills, when it has a cgroup and the kernel can tell.
+    pub fn oom_watcher(&self) -> Option<Result<crate::cgroups::OomWatcher, CgroupError>> {
+        self.cgroup.get().map(ContainerCgroup::oom_watcher)
+    }
+
+    /// Stats of the container's cgroup as the `Any` engines decode, read off the reactor.
+    pub async fn stats(&self) -> Result<Any, TaskError> {
         let cg = self
             .cgroup
-            .as_ref()
+            .get()
+            .cloned()
             // The runc shim's answer: NOT_FOUND "cgroup does not exist".
             .ok_or_else(|| TaskError::Gone(format!("cgroup does not exist for container {:?}", self.id)))?;
-        match cg.metrics_any() {
+        match create::off_reactor(move || cg.metrics_any()).await? {
             Ok(any) => Ok(any),
             Err(CgroupError::Gone { .. }) => Err(TaskError::Gone(format!("cgroup of container {:?} is gone", self.id))),
             Err(e) => Err(e.into()),
@@ -182,7 +174,7 @@ impl Container {
         }
         self.exits.execs_done().await;
         self.init.io().drain(Duration::from_secs(2)).await;
-        if self.crio && self.oom_killed.load(Ordering::SeqCst) && exit.status != 0 {
+        if self.crio && self.oom_killed() && exit.status != 0 {
             // CRI-O learns of OOM kills only from this file, which must exist before Wait returns.
             if let Err(e) = files::write_atomic(&self.bundle.join("oom"), b"") {
                 warn!(self.log, "cannot write oom marker"; "error" => %e);

@@ -25,6 +25,11 @@ use crate::telemetry::{EventsConfig, Telemetry};
 /// queued for it is written) before it exits anyway.
 const REPLY_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long an idle blocking-pool thread waits for more work before it ends.
+pub const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(500);
+/// Blocking-pool threads at most: more Creates than this at once queue for one.
+const MAX_BLOCKING_THREADS: usize = 4;
+
 #[derive(Debug, Error)]
 pub enum DaemonError {
     #[error("runtime: {0}")]
@@ -59,9 +64,14 @@ pub fn serve(flags: &Flags, config: Config) -> Result<(), DaemonError> {
         warn!(log, "cannot become child subreaper"; "error" => %e);
     }
 
-    // One thread: memory per shim is a headline figure, and nothing here needs parallelism.
+    // One reactor thread: memory per shim is a headline figure, and nothing here needs
+    // parallelism. Blocking work (spec edits, cgroup reads) gets a named pool thread that ends
+    // soon after: a pod's Creates come within moments of each other and then the daemon idles.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .thread_name("gantry-blocking")
+        .thread_keep_alive(BLOCKING_KEEP_ALIVE)
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
         .build()
         .map_err(DaemonError::Tokio)?;
     let socket = PathBuf::from(&flags.socket);

@@ -17,10 +17,10 @@ use containerd_shim_protos::shim_async::Task;
 use ttrpc::r#async::TtrpcContext;
 
 use super::{Service, TaskService};
-use crate::container::RuntimeFactory;
 use crate::events::{Forward, Publisher};
 use crate::process::ExitInfo;
 use crate::reaper::Reaper;
+use crate::runtime::choose::RuntimeFactory;
 use crate::runtime::fake::FakeRuntime;
 
 type Events = Arc<Mutex<Vec<String>>>;
@@ -71,6 +71,14 @@ pub(super) fn ctx() -> TtrpcContext {
 /// A service whose containers run on one fake runtime, with a bundle for "c1". `edit` may
 /// change the spec first.
 pub(super) fn harness_with(edit: impl FnOnce(&mut oci_spec::runtime::Spec)) -> Harness {
+    harness_configured(edit, crate::config::fixed(crate::config::Config::default()))
+}
+
+/// [`harness_with`], its Creates taking their config from `configs`.
+pub(super) fn harness_configured(
+    edit: impl FnOnce(&mut oci_spec::runtime::Spec),
+    configs: crate::config::ConfigSource,
+) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let bundle = dir.path().join("bundle");
     std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
@@ -83,8 +91,10 @@ pub(super) fn harness_with(edit: impl FnOnce(&mut oci_spec::runtime::Spec)) -> H
     let events = Events::default();
     let publisher = Publisher::with_forwarder(Recorder(events.clone()), "ns", log.clone());
     let f = fake.clone();
-    let runtimes: RuntimeFactory = Arc::new(move |_, _, _, _, _| Arc::new(f.clone()));
-    let svc = TaskService::new(publisher, reaper, "ns", dir.path().into(), log).with_runtimes(runtimes);
+    let runtimes: RuntimeFactory = Arc::new(crate::runtime::fake::Always(Arc::new(f.clone())));
+    let svc = TaskService::new(publisher, reaper, "ns", dir.path().into(), log)
+        .with_runtimes(runtimes)
+        .with_configs(configs);
     Harness {
         svc: Arc::new(svc),
         fake,

@@ -109,6 +109,7 @@ pub trait Runtime: Send + Sync {
     async fn state(&self, id: &str) -> Result<RuntimeState, RuntimeError>;
 }
 
+pub mod choose;
 #[cfg(test)]
 pub mod fake;
 

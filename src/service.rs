@@ -26,12 +26,15 @@ use slog::{debug, info, warn, Logger};
 use tokio::sync::Notify;
 use ttrpc::r#async::TtrpcContext;
 
-use crate::container::{oci_runtimes, Container, CreateParams, RuntimeFactory, StartedExec, TaskError};
+use crate::config::{self, ConfigSource};
+use crate::container::{off_reactor, Container, CreateParams, StartedExec, TaskError};
 use crate::events::{task_io, ts_field, Event, Publisher};
 use crate::inflight::InFlight;
 use crate::io::{IoError, StdioPaths};
+use crate::options;
 use crate::process::{ExitInfo, Status};
 use crate::reaper::Reaper;
+use crate::runtime::choose::{oci_runtimes, RuntimeFactory};
 use crate::runtime::RuntimeError;
 use crate::telemetry::trace::Request;
 use crate::telemetry::{Kind, Telemetry};
@@ -83,6 +86,8 @@ pub struct TaskService {
     console_dir: PathBuf,
     /// Builds each container's runtime (a fake in unit tests).
     runtimes: RuntimeFactory,
+    /// Where each Create's config comes from (fixed in unit tests).
+    configs: ConfigSource,
     log: Logger,
     /// Signalled when Shutdown finds no container left.
     pub shutdown: Arc<Notify>,
@@ -106,6 +111,7 @@ impl TaskService {
             namespace: namespace.to_string(),
             console_dir,
             runtimes: oci_runtimes(),
+            configs: config::from_files(),
             log,
             shutdown: Arc::new(Notify::new()),
             shutdown_pending: AtomicBool::new(false),
@@ -131,6 +137,12 @@ impl TaskService {
     /// Uses `runtimes` instead of the OCI runtime for new containers.
     pub fn with_runtimes(mut self, runtimes: RuntimeFactory) -> Self {
         self.runtimes = runtimes;
+        self
+    }
+
+    /// Takes each Create's config from `configs` instead of the files.
+    pub fn with_configs(mut self, configs: ConfigSource) -> Self {
+        self.configs = configs;
         self
     }
 
@@ -173,6 +185,11 @@ impl TaskService {
             .creating
             .begin(&id, in_use)
             .ok_or_else(|| TaskError::AlreadyExists(format!("container {id:?}")))?;
+        let engine = req.options.as_ref().map(options::from_any).unwrap_or_default();
+        let (configs, path) = (self.configs.clone(), engine.config_path.clone());
+        let (config, config_file) = off_reactor(move || configs(path.as_deref()))
+            .await?
+            .map_err(|e| TaskError::InvalidArgument(e.to_string()))?;
         let params = CreateParams {
             id: id.clone(),
             bundle: PathBuf::from(&req.bundle),
@@ -183,7 +200,9 @@ impl TaskService {
                 stderr: req.stderr.clone(),
                 terminal: req.terminal,
             },
-            options: req.options.clone().into_option(),
+            engine,
+            config: Arc::new(config),
+            config_file,
             namespace: self.namespace.clone(),
             console_dir: self.console_dir.clone(),
         };
@@ -192,7 +211,7 @@ impl TaskService {
             self.telemetry.policy(&id, "deny", reason, message);
         }
         let container = created?;
-        let pid = container.init.pid();
+        let pid = container.init().pid();
         self.containers().insert(id.clone(), container.clone());
         self.publisher.publish(Event::Create(TaskCreate {
             container_id: id.clone(),
@@ -221,23 +240,23 @@ impl TaskService {
         tokio::spawn(async move {
             let Ok(exit) = rx.await else { return };
             // An init that exits while Start is in flight is reported after TaskStart.
-            drop(c.init.start_lock.lock().await);
+            drop(c.init().start_lock.lock().await);
             publish_ooms(&publisher, &c);
             let info = c.init_exited(exit).await;
-            publisher.publish(exit_event(&c.id, &c.id, info));
+            publisher.publish(exit_event(c.id(), c.id(), info));
             // As for CRI-O's marker: an OOM kill counts when it ended init with a failure.
             let oom = c.oom_killed() && info.status != 0;
-            telemetry.exited(&c.id, None, info.pid, info.status, oom);
+            telemetry.exited(c.id(), None, info.pid, info.status, oom);
         });
     }
 
     /// Arms the OOM watcher right after create; it lives until init exits.
     fn monitor_oom(&self, c: Arc<Container>) {
-        let Some(cg) = &c.cgroup else { return };
-        let mut watcher = match cg.oom_watcher() {
-            Ok(w) => w,
-            Err(e) => {
-                debug!(c.log, "no OOM watcher"; "error" => %e);
+        let mut watcher = match c.oom_watcher() {
+            None => return,
+            Some(Ok(w)) => w,
+            Some(Err(e)) => {
+                debug!(c.log(), "no OOM watcher"; "error" => %e);
                 return;
             }
         };
@@ -251,7 +270,7 @@ impl TaskService {
                         }
                         publish_ooms(&publisher, &c);
                     }
-                    _ = c.init.wait() => break,
+                    _ = c.init().wait() => break,
                 }
             }
         });
@@ -273,34 +292,34 @@ impl TaskService {
                 at: exit.at,
             };
             p.set_exited(info);
-            debug!(c.log, "exec exited"; "exec_id" => &exec_id, "status" => exit.status);
-            publisher.publish(exit_event(&c.id, &exec_id, info));
-            telemetry.exited(&c.id, Some(&exec_id), info.pid, info.status, false);
+            debug!(c.log(), "exec exited"; "exec_id" => &exec_id, "status" => exit.status);
+            publisher.publish(exit_event(c.id(), &exec_id, info));
+            telemetry.exited(c.id(), Some(&exec_id), info.pid, info.status, false);
         });
     }
 
     async fn do_start(&self, req: StartRequest) -> Result<StartResponse, TaskError> {
         let c = self.get(&req.id)?;
         let pid = if req.exec_id.is_empty() {
-            let _started = c.init.start_lock.lock().await;
+            let _started = c.init().start_lock.lock().await;
             let pid = c.start_init().await?;
             self.publisher.publish(Event::Start(TaskStart {
-                container_id: c.id.clone(),
+                container_id: c.id().to_string(),
                 pid: pid as u32,
                 ..Default::default()
             }));
-            self.telemetry.emit(Kind::Start, &c.id, |r| r.pid = Some(pid as u32));
+            self.telemetry.emit(Kind::Start, c.id(), |r| r.pid = Some(pid as u32));
             pid
         } else {
             let exec = c.start_exec(&req.exec_id).await?;
             let pid = exec.process.pid();
             self.publisher.publish(Event::ExecStarted(TaskExecStarted {
-                container_id: c.id.clone(),
+                container_id: c.id().to_string(),
                 exec_id: req.exec_id.clone(),
                 pid: pid as u32,
                 ..Default::default()
             }));
-            self.telemetry.emit(Kind::ExecStarted, &c.id, |r| {
+            self.telemetry.emit(Kind::ExecStarted, c.id(), |r| {
                 r.exec_id = Some(req.exec_id.clone());
                 r.pid = Some(pid as u32);
             });
@@ -328,7 +347,7 @@ impl TaskService {
         if let Some(c) = taken {
             warn!(self.log, "create finished after its client gave up: rolled back"; "id" => id);
             match c.delete().await {
-                Ok(exit) => self.publisher.publish(delete_event(&c.id, &exit)),
+                Ok(exit) => self.publisher.publish(delete_event(c.id(), &exit)),
                 Err(e) => warn!(self.log, "rolling back an abandoned create"; "id" => id, "error" => %e),
             }
         }
@@ -363,15 +382,15 @@ impl TaskService {
         let exit = if req.exec_id.is_empty() {
             // A Start of init under way ends first: Delete then finds it running or, if the
             // start failed, still created; never a runtime delete racing the runtime start.
-            drop(c.init.start_lock.lock().await);
+            drop(c.init().start_lock.lock().await);
             let exit = c.delete().await?;
             self.containers().remove(&req.id);
-            self.publisher.publish(delete_event(&c.id, &exit));
+            self.publisher.publish(delete_event(c.id(), &exit));
             exit
         } else {
             c.delete_exec(&req.exec_id).await?
         };
-        self.telemetry.emit(Kind::Delete, &c.id, |r| {
+        self.telemetry.emit(Kind::Delete, c.id(), |r| {
             r.exec_id = (!req.exec_id.is_empty()).then(|| req.exec_id.clone());
             r.pid = Some(exit.pid as u32);
             r.exit_code = Some(exit.status);
@@ -390,11 +409,11 @@ impl TaskService {
         let exit = p.exit();
         Ok(StateResponse {
             id: if req.exec_id.is_empty() {
-                c.id.clone()
+                c.id().to_string()
             } else {
                 req.exec_id.clone()
             },
-            bundle: c.bundle.display().to_string(),
+            bundle: c.bundle().display().to_string(),
             pid: p.pid() as u32,
             status: api_status(p.status()).into(),
             stdin: p.stdio.stdin.clone(),
@@ -422,12 +441,12 @@ impl TaskService {
         };
         c.add_exec(&req.exec_id, stdio, spec)?;
         self.publisher.publish(Event::ExecAdded(TaskExecAdded {
-            container_id: c.id.clone(),
+            container_id: c.id().to_string(),
             exec_id: req.exec_id.clone(),
             ..Default::default()
         }));
         self.telemetry
-            .emit(Kind::ExecAdded, &c.id, |r| r.exec_id = Some(req.exec_id.clone()));
+            .emit(Kind::ExecAdded, c.id(), |r| r.exec_id = Some(req.exec_id.clone()));
         Ok(())
     }
 }
@@ -453,13 +472,13 @@ impl TaskService {
             return Err(TaskError::InvalidArgument("checkpoint: no image path".into()));
         }
         let work = if opts.work_path.is_empty() {
-            c.bundle.join("criu-work")
+            c.bundle().join("criu-work")
         } else {
             PathBuf::from(&opts.work_path)
         };
         c.checkpoint(std::path::Path::new(&image), &work, opts.exit).await?;
         self.publisher.publish(Event::Checkpointed(TaskCheckpointed {
-            container_id: c.id.clone(),
+            container_id: c.id().to_string(),
             checkpoint: image,
             ..Default::default()
         }));
@@ -483,7 +502,7 @@ fn delete_event(id: &str, exit: &ExitInfo) -> Event {
 fn publish_ooms(publisher: &Publisher, c: &Container) {
     for _ in 0..c.take_new_ooms() {
         publisher.publish(Event::Oom(TaskOOM {
-            container_id: c.id.clone(),
+            container_id: c.id().to_string(),
             ..Default::default()
         }));
     }
@@ -518,6 +537,9 @@ fn exit_event(container_id: &str, id: &str, info: ExitInfo) -> Event {
 #[path = "service_tests.rs"]
 mod tests;
 
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod config_tests;
 #[cfg(test)]
 #[path = "lifecycle_tests.rs"]
 mod lifecycle_tests;

@@ -207,21 +207,52 @@ pub fn load_annotations(bundle: &Path) -> Result<HashMap<String, String>, SpecEr
     Ok(v.annotations())
 }
 
-/// Writes the edited spec back over the file as read without losing what oci-spec does not
-/// model: vendor extensions and fields newer than the crate survive wherever the edits left
-/// that part of the document alone, so runc sees what the engine wrote plus the edits.
-pub fn save(bundle: &Path, loaded: &Loaded) -> Result<(), SpecError> {
+/// The spec after Create's edits.
+pub struct Edited {
+    /// The whole document as the runtime will read it.
+    pub doc: Value,
+    /// What to write over config.json, when the edits changed it.
+    pub write: Option<Vec<u8>>,
+    /// The document as the engine wrote it: what a failed Create puts back.
+    pub original: Vec<u8>,
+    pub edits: Edits,
+}
+
+/// Runs [`edit`] and renders the result without touching the bundle, so it can run where a
+/// cancelled Create just drops it. The edited document keeps what oci-spec does not model:
+/// vendor extensions and fields newer than the crate survive wherever the edits left that
+/// part of the document alone, so runc sees what the engine wrote plus the edits.
+pub fn edit_for_create(bundle: &Path, mut loaded: Loaded, config: &Config) -> Result<Edited, SpecError> {
+    let edits = edit(bundle, &mut loaded, config)?;
     let path = config_path(bundle);
-    let data = match &loaded.doc {
-        Some(doc) => serde_json::to_vec(doc),
-        None => serde_json::to_vec(&merged(bundle, loaded)?),
-    }
-    .map_err(|e| SpecError::Write {
-        path: path.clone(),
-        source: std::io::Error::other(e),
-    })?;
+    let doc = match loaded.doc.take() {
+        Some(doc) => doc,
+        None if !edits.devices.is_empty() => merged(bundle, &loaded)?,
+        None => serde_json::from_slice(&loaded.raw).map_err(|source| SpecError::Parse {
+            path: path.clone(),
+            source,
+        })?,
+    };
+    let write = match edits.changed() {
+        true => Some(serde_json::to_vec(&doc).map_err(|e| SpecError::Write {
+            path,
+            source: std::io::Error::other(e),
+        })?),
+        false => None,
+    };
+    Ok(Edited {
+        doc,
+        write,
+        original: loaded.raw,
+        edits,
+    })
+}
+
+/// Writes `data` over the bundle's config.json.
+pub fn write(bundle: &Path, data: &[u8]) -> Result<(), SpecError> {
+    let path = config_path(bundle);
     // Renamed into place: atomic for a concurrent reader, and never written through a link.
-    crate::files::write_atomic(&path, &data).map_err(|source| SpecError::Write { path, source })
+    crate::files::write_atomic(&path, data).map_err(|source| SpecError::Write { path, source })
 }
 
 /// The typed spec's edits over the document as read (see [`carry_unmodelled`]).
@@ -451,6 +482,15 @@ mod tests {
         ],
         "linux": {"namespaces": [{"type": "pid"}], "x-linux": [1, 2]}
     }"#;
+
+    /// What Create writes for a spec whose typed part (or document) was edited.
+    fn save(bundle: &Path, loaded: &Loaded) -> Result<(), SpecError> {
+        let doc = match &loaded.doc {
+            Some(doc) => doc.clone(),
+            None => merged(bundle, loaded)?,
+        };
+        write(bundle, &serde_json::to_vec(&doc).unwrap())
+    }
 
     fn edited_and_saved(edit: impl FnOnce(&mut Spec)) -> Value {
         let dir = tempfile::tempdir().unwrap();

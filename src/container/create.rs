@@ -4,54 +4,27 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use containerd_shim_protos::api::Mount;
-use containerd_shim_protos::protobuf::well_known_types::any::Any;
-use serde::{Deserialize, Serialize};
 use slog::{info, o, warn, Logger};
 
 use super::console::{read_pid, run_with_console};
+use super::CgroupWatch;
 use super::{invalid, Container, TaskError, INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG};
 use crate::cgroups::ContainerCgroup;
 use crate::config::Config;
 use crate::exits::{self, ExitOrder};
 use crate::io::{self, StdioPaths};
-use crate::options::{self, EngineOptions};
+use crate::options::EngineOptions;
 use crate::process::Process;
 use crate::reaper::{Exit, Reaper};
-use crate::runtime::{OciRuntime, Runtime, Spawn};
+use crate::runtime::choose::RuntimeRecord;
+use crate::runtime::choose::{RuntimeFactory, Wanted};
+use crate::runtime::{Runtime, Spawn};
 use crate::spec::{self, Loaded, SpecError};
 use crate::{files, mount};
-
-/// What `delete` (the subcommand, after a daemon died) needs to clean up a bundle.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct RuntimeRecord {
-    pub binary: String,
-    pub root: PathBuf,
-    pub systemd_cgroup: bool,
-    pub rootfs_mounted: bool,
-    /// Where the daemon's socket lives: `delete` removes a dead daemon's socket only there.
-    #[serde(default = "default_socket_dir")]
-    pub socket_dir: PathBuf,
-}
-
-fn default_socket_dir() -> PathBuf {
-    PathBuf::from(crate::config::DEFAULT_SOCKET_DIR)
-}
-
-/// Builds a container's runtime from the engine's options, the config, the namespace and the
-/// bundle: the OCI runtime in production, a fake in unit tests.
-pub type RuntimeFactory = Arc<dyn Fn(&EngineOptions, &Config, &str, &Path, Reaper) -> Arc<dyn Runtime> + Send + Sync>;
-
-/// The production factory: [`runtime_for`].
-pub fn oci_runtimes() -> RuntimeFactory {
-    Arc::new(|engine, config, namespace, bundle, reaper| {
-        Arc::new(runtime_for(engine, config, namespace, bundle, reaper))
-    })
-}
 
 /// Everything Create needs.
 pub struct CreateParams {
@@ -59,7 +32,11 @@ pub struct CreateParams {
     pub bundle: PathBuf,
     pub rootfs: Vec<Mount>,
     pub stdio: StdioPaths,
-    pub options: Option<Any>,
+    /// The engine's runc `Options` (or CRI's `config_path`), decoded.
+    pub engine: EngineOptions,
+    /// The config the engine's options select, and the file it came from.
+    pub config: Arc<Config>,
+    pub config_file: Option<PathBuf>,
     pub namespace: String,
     /// Directory for console sockets (short paths).
     pub console_dir: PathBuf,
@@ -130,16 +107,13 @@ impl Container {
                 p.bundle
             )));
         }
-        let mut loaded = spec::load(&p.bundle).map_err(invalid)?;
+        let bundle = p.bundle.clone();
+        let loaded = off_reactor(move || spec::load(&bundle)).await?.map_err(invalid)?;
         if let Err(why) = &loaded.spec {
             warn!(log, "config.json holds values gantry does not model; the runtime gets it as is"; "why" => why.to_string());
         }
-        let engine = p.options.as_ref().map(options::from_any).unwrap_or_default();
-        let (config, config_file) = Config::resolve(engine.config_path.as_deref()).map_err(invalid)?;
-        let runtime = runtimes(&engine, &config, &p.namespace, &p.bundle, reaper.clone());
         let crio = spec::is_crio(&loaded.view.annotations());
         let kill_all_on_exit = exits::kills_all_on_exit(&loaded.raw);
-
         let mut undo = Undo {
             armed: true,
             bundle: &p.bundle,
@@ -147,45 +121,26 @@ impl Container {
             original_config: None,
             runtime: None,
         };
-        prepare_bundle(&p, &mut loaded, &config, &reaper, &mut undo, &log).await?;
-        let fast = crate::sandbox::choose(
-            &p.bundle,
-            &loaded.view.annotations(),
-            &config,
-            runtime.as_ref(),
-            &reaper,
-        );
-        let runtime = match fast {
-            Ok(Some(sandbox)) => sandbox,
-            Ok(None) => runtime,
-            Err(why) => {
-                info!(log, "sandbox fast path not taken: the OCI runtime starts it"; "reason" => %why);
-                runtime
-            }
-        };
+        let edited = prepare_bundle(&p, loaded, &reaper, &mut undo, &log).await?;
+        let runtime = runtimes.for_create(&Wanted {
+            engine: &p.engine,
+            config: &p.config,
+            namespace: &p.namespace,
+            bundle: &p.bundle,
+            spec: &edited,
+            reaper: &reaper,
+            log: &log,
+        });
+        drop(edited);
         write_record(&p, runtime.as_ref(), &undo)?;
         let created = run_create(&p, &runtime, &reaper, &mut undo, &log).await?;
         undo.armed = false;
         undo.runtime = None;
         info!(log, "created"; "pid" => created.pid, "oci_runtime" => runtime.identity().binary,
-            "config" => config_file.map(|p| p.display().to_string()).unwrap_or_else(|| "defaults".into()));
-        let cgroup = match ContainerCgroup::for_pid(created.pid) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                warn!(log, "cgroup not found: no stats or OOM events"; "error" => %e);
-                None
-            }
-        };
-        let ooms_baseline = cgroup.as_ref().and_then(|c| c.oom_kills().ok()).unwrap_or(0);
-        let parent_ooms = cgroup
-            .as_ref()
-            .and_then(ContainerCgroup::parent_oom_kills)
-            .unwrap_or(crate::container::NO_PARENT);
+            "config" => p.config_file.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "defaults".into()));
+        let cgroup = locate_cgroup(created.pid, &log).await;
         Ok(Arc::new(Container {
             cgroup,
-            ooms_reported: std::sync::atomic::AtomicU64::new(ooms_baseline),
-            parent_ooms: std::sync::atomic::AtomicU64::new(parent_ooms),
-            oom_killed: AtomicBool::new(false),
             init_exit: Mutex::new(Some(created.exit)),
             id: p.id,
             namespace: p.namespace,
@@ -204,15 +159,39 @@ impl Container {
     }
 }
 
-/// Mounts the rootfs (or checks the engine's) and applies the spec edits, noting each in `undo`.
+/// Runs `f` on tokio's blocking pool: file reads, YAML and JSON parsing, libseccomp and cgroup
+/// reads that would otherwise hold up every other request on the reactor thread. Only work
+/// without side effects goes here: a Create cancelled while it runs just drops the result.
+pub(crate) async fn off_reactor<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, TaskError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| TaskError::Internal(format!("blocking task: {e}")))
+}
+
+/// Init's cgroup and its OOM counters as of now (the baseline later kills are counted from).
+async fn locate_cgroup(pid: i32, log: &Logger) -> CgroupWatch {
+    match off_reactor(move || ContainerCgroup::for_pid(pid).map(CgroupWatch::new)).await {
+        Ok(Ok(located)) => located,
+        Ok(Err(e)) => {
+            warn!(log, "cgroup not found: no stats or OOM events"; "error" => %e);
+            CgroupWatch::default()
+        }
+        Err(e) => {
+            warn!(log, "cgroup not located: no stats or OOM events"; "error" => %e);
+            CgroupWatch::default()
+        }
+    }
+}
+
+/// Mounts the rootfs (or checks the engine's) and applies the spec edits, noting each in
+/// `undo`. Returns the spec as the runtime will read it.
 async fn prepare_bundle(
     p: &CreateParams,
-    loaded: &mut Loaded,
-    config: &Config,
+    loaded: Loaded,
     reaper: &Reaper,
     undo: &mut Undo<'_>,
     log: &Logger,
-) -> Result<(), TaskError> {
+) -> Result<serde_json::Value, TaskError> {
     if !p.rootfs.is_empty() {
         // The resolved target (the bundle may sit behind a symlink): what is unmounted later.
         undo.mounted = Some(mount::mount_all(&p.rootfs, &p.bundle.join("rootfs"), reaper).await?);
@@ -226,26 +205,32 @@ async fn prepare_bundle(
         reason: s.reason(),
         message: format!("container {:?}: {s}", p.id),
     };
-    crate::security::prepare_host(&config.security, reaper)
+    crate::security::prepare_host(&p.config.security, reaper)
         .await
         .map_err(refused)?;
-    let edits = spec::edit(&p.bundle, loaded, config).map_err(|e| match e {
-        SpecError::Devices(d) => TaskError::InvalidArgument(d.to_string()),
-        SpecError::Security(s) => refused(s),
-        other => TaskError::Spec(other),
-    })?;
+    // CDI scans and YAML, libseccomp's validation: off the reactor.
+    let (bundle, config) = (p.bundle.clone(), p.config.clone());
+    let edited = off_reactor(move || spec::edit_for_create(&bundle, loaded, &config))
+        .await?
+        .map_err(|e| match e {
+            SpecError::Devices(d) => TaskError::InvalidArgument(d.to_string()),
+            SpecError::Security(s) => refused(s),
+            other => TaskError::Spec(other),
+        })?;
+    let edits = &edited.edits;
     for w in &edits.devices.warnings {
         warn!(log, "device injection"; "warning" => w);
     }
     crate::security::log(log, &edits.security);
-    if edits.changed() {
-        spec::save(&p.bundle, loaded)?;
-        undo.original_config = Some(std::mem::take(&mut loaded.raw));
+    if let Some(bytes) = &edited.write {
+        // Noted before the write: nothing between the two can be cancelled.
+        undo.original_config = Some(edited.original);
+        spec::write(&p.bundle, bytes)?;
         if !edits.devices.is_empty() {
             info!(log, "injected devices"; "devices" => edits.devices.devices.join(","));
         }
     }
-    Ok(())
+    Ok(edited.doc)
 }
 
 /// Writes what the runtime and a later `delete` need: the runtime record, and fresh files
@@ -312,32 +297,4 @@ async fn run_create(
             Err(e)
         }
     }
-}
-
-/// Picks the OCI runtime: runc `Options` from the engine first, then the config file.
-pub fn runtime_for(
-    engine: &EngineOptions,
-    config: &Config,
-    namespace: &str,
-    bundle: &Path,
-    reaper: Reaper,
-) -> OciRuntime {
-    let binary = engine
-        .binary_name
-        .clone()
-        .unwrap_or_else(|| config.runtime.binary.clone());
-    let root = engine
-        .root
-        .as_ref()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| config.runtime.root.clone())
-        .join(namespace);
-    OciRuntime::new(
-        &binary,
-        root,
-        engine.systemd_cgroup || config.runtime.systemd_cgroup,
-        bundle.join(RUNTIME_LOG),
-        reaper,
-    )
-    .with_timeouts(config.runtime.timeouts)
 }

@@ -14,6 +14,18 @@ use tokio::sync::{watch, Semaphore};
 use super::{Runtime, RuntimeError, RuntimeIdentity, RuntimeState, Spawn};
 use crate::reaper::{Exit, Reaper};
 
+/// A chooser that gives every container (and every record) the same runtime.
+pub struct Always(pub Arc<dyn Runtime>);
+
+impl super::choose::Runtimes for Always {
+    fn for_create(&self, _: &super::choose::Wanted<'_>) -> Arc<dyn Runtime> {
+        self.0.clone()
+    }
+    fn for_record(&self, _: &super::choose::RuntimeRecord, _: &Path, _: Reaper) -> Arc<dyn Runtime> {
+        self.0.clone()
+    }
+}
+
 /// Above `PID_MAX_LIMIT` (2^22): never a real process.
 const FIRST_PID: i32 = 5_000_000;
 

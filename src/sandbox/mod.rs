@@ -56,51 +56,50 @@ pub const SECCOMP_FD: i32 = 5;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+
+use serde::Deserialize;
 
 use crate::config::Config;
 use crate::reaper::Reaper;
-use crate::runtime::Runtime;
+use crate::runtime::RuntimeIdentity;
 
 /// The fast path's runtime for this container, `None` when it is not a pause container (or
-/// the fast path is off), or why a pause container goes to the OCI runtime.
-pub fn choose(
+/// the fast path is off), or why a pause container goes to the OCI runtime. `spec` is the
+/// spec as the runtime would read it (after gantry's edits); `oci` the runtime it would go to.
+pub fn fast_path(
     bundle: &Path,
-    annotations: &HashMap<String, String>,
+    spec: &serde_json::Value,
     config: &Config,
-    oci: &dyn Runtime,
+    oci: &RuntimeIdentity,
     reaper: &Reaper,
-) -> Result<Option<Arc<dyn Runtime>>, Fallback> {
-    if !config.runtime.sandbox_fast_path || !is_sandbox(annotations) {
+) -> Result<Option<FastSandbox>, Fallback> {
+    let annotations: HashMap<String, String> = spec
+        .get("annotations")
+        .and_then(|a| serde_json::from_value(a.clone()).ok())
+        .unwrap_or_default();
+    if !config.runtime.sandbox_fast_path || !is_sandbox(&annotations) || !is_pause(spec) {
         return Ok(None);
     }
-    // The spec as the runtime would read it: after gantry's own edits.
-    let raw = std::fs::read(crate::spec::config_path(bundle)).map_err(|e| Fallback(format!("config.json: {e}")))?;
-    let doc: serde_json::Value = serde_json::from_slice(&raw).map_err(|e| Fallback(format!("config.json: {e}")))?;
-    if !is_pause(&doc) {
-        return Ok(None);
-    }
-    if serde_json::from_value::<oci_spec::runtime::Spec>(doc.clone()).is_err() {
+    if oci_spec::runtime::Spec::deserialize(spec).is_err() {
         return Err(Fallback("the spec holds values gantry does not model".into()));
     }
-    let identity = oci.identity();
     if libcgroups::common::get_cgroup_setup().is_err() {
         return Err(Fallback("the host's cgroup mode is unknown".into()));
     }
-    check(&doc, identity.systemd_cgroup)?;
-    let cgroup = doc
+    check(spec, oci.systemd_cgroup)?;
+    let cgroup = spec
         .pointer("/linux/cgroupsPath")
         .and_then(serde_json::Value::as_str)
         .unwrap_or("");
     let sandbox = FastSandbox::new(
         bundle,
         cgroup.into(),
-        identity.root,
+        oci.root.clone(),
         config.runtime.timeouts,
         reaper.clone(),
     )
-    .with_spec(&doc, config.runtime.root.join(SECCOMP_CACHE));
-    Ok(Some(Arc::new(sandbox)))
+    .with_spec(spec, config.runtime.root.join(SECCOMP_CACHE));
+    Ok(Some(sandbox))
 }
 
 /// How long a new daemon keeps the cgroup migration lock warm (`cgroups::warm`) when its

@@ -185,10 +185,10 @@ impl Task for Service {
             let c = s.get(&req.id)?;
             c.pause().await?;
             s.publisher.publish(Event::Paused(TaskPaused {
-                container_id: c.id.clone(),
+                container_id: c.id().to_string(),
                 ..Default::default()
             }));
-            s.telemetry.emit(Kind::Paused, &c.id, |_| {});
+            s.telemetry.emit(Kind::Paused, c.id(), |_| {});
             Ok(Empty::new())
         })
         .await
@@ -200,10 +200,10 @@ impl Task for Service {
             let c = s.get(&req.id)?;
             c.resume().await?;
             s.publisher.publish(Event::Resumed(TaskResumed {
-                container_id: c.id.clone(),
+                container_id: c.id().to_string(),
                 ..Default::default()
             }));
-            s.telemetry.emit(Kind::Resumed, &c.id, |_| {});
+            s.telemetry.emit(Kind::Resumed, c.id(), |_| {});
             Ok(Empty::new())
         })
         .await
@@ -218,7 +218,7 @@ impl Task for Service {
                 .as_ref()
                 .ok_or_else(|| TaskError::InvalidArgument("update: no resources".into()))?;
             c.update(resources).await?;
-            s.telemetry.emit(Kind::Updated, &c.id, |_| {});
+            s.telemetry.emit(Kind::Updated, c.id(), |_| {});
             Ok(Empty::new())
         })
         .await
@@ -226,7 +226,7 @@ impl Task for Service {
 
     async fn stats(&self, _: &TtrpcContext, req: StatsRequest) -> TResult<StatsResponse> {
         let c = self.0.get(&req.id).map_err(|e| self.0.fail("stats", &req.id, e))?;
-        let stats = c.stats().map_err(|e| self.0.fail("stats", &req.id, e))?;
+        let stats = c.stats().await.map_err(|e| self.0.fail("stats", &req.id, e))?;
         Ok(StatsResponse {
             stats: protobuf::MessageField::some(stats),
             ..Default::default()
@@ -240,7 +240,7 @@ impl Task for Service {
     }
 
     async fn connect(&self, _: &TtrpcContext, req: ConnectRequest) -> TResult<ConnectResponse> {
-        let task_pid = self.0.get(&req.id).map(|c| c.init.pid() as u32).unwrap_or_default();
+        let task_pid = self.0.get(&req.id).map(|c| c.init().pid() as u32).unwrap_or_default();
         Ok(ConnectResponse {
             shim_pid: std::process::id(),
             task_pid,

@@ -1,0 +1,222 @@
+//! The one place a container's runtime is chosen: for a new container (Create) and for a
+//! bundle whose daemon is gone (`delete`).
+//!
+//! Why one place: the choice has three inputs that used to be read in three places (the
+//! engine's runc `Options`, gantry's config, and whether the sandbox fast path takes a pause
+//! container), and `delete` must rebuild exactly the runtime Create chose from what Create
+//! recorded in the bundle ([`RuntimeRecord`]). Unit tests replace the whole choice with a fake
+//! ([`Runtimes`] is the seam).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use slog::{info, Logger};
+
+use super::{OciRuntime, Runtime};
+use crate::config::Config;
+use crate::container::RUNTIME_LOG;
+use crate::options::EngineOptions;
+use crate::reaper::Reaper;
+
+/// What `delete` (the subcommand, after a daemon died) needs to clean up a bundle.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RuntimeRecord {
+    pub binary: String,
+    pub root: PathBuf,
+    pub systemd_cgroup: bool,
+    pub rootfs_mounted: bool,
+    /// Where the daemon's socket lives: `delete` removes a dead daemon's socket only there.
+    #[serde(default = "default_socket_dir")]
+    pub socket_dir: PathBuf,
+}
+
+fn default_socket_dir() -> PathBuf {
+    PathBuf::from(crate::config::DEFAULT_SOCKET_DIR)
+}
+
+impl RuntimeRecord {
+    /// The record a bundle without one stands for: the config's runtime, as Create would have
+    /// chosen it without engine options.
+    pub fn from_config(config: &Config, namespace: &str) -> Self {
+        Self {
+            binary: config.runtime.binary.clone(),
+            root: config.runtime.root.join(namespace),
+            systemd_cgroup: config.runtime.systemd_cgroup,
+            rootfs_mounted: false,
+            socket_dir: config.shim.socket_dir_for(None),
+        }
+    }
+}
+
+/// What Create knows when it chooses.
+pub struct Wanted<'a> {
+    pub engine: &'a EngineOptions,
+    pub config: &'a Config,
+    pub namespace: &'a str,
+    pub bundle: &'a Path,
+    /// The spec as the runtime will read it: after gantry's edits.
+    pub spec: &'a serde_json::Value,
+    pub reaper: &'a Reaper,
+    pub log: &'a Logger,
+}
+
+/// Chooses containers' runtimes.
+pub trait Runtimes: Send + Sync {
+    /// A new container's runtime.
+    fn for_create(&self, wanted: &Wanted<'_>) -> Arc<dyn Runtime>;
+    /// The runtime of a bundle whose daemon died, from the record its Create wrote.
+    fn for_record(&self, record: &RuntimeRecord, bundle: &Path, reaper: Reaper) -> Arc<dyn Runtime>;
+}
+
+/// How the daemon holds its chooser.
+pub type RuntimeFactory = Arc<dyn Runtimes>;
+
+/// The production chooser: the sandbox fast path for a pause container it can start, else the
+/// OCI runtime the engine's options or the config name.
+pub struct OciRuntimes;
+
+/// The production factory.
+pub fn oci_runtimes() -> RuntimeFactory {
+    Arc::new(OciRuntimes)
+}
+
+impl Runtimes for OciRuntimes {
+    fn for_create(&self, w: &Wanted<'_>) -> Arc<dyn Runtime> {
+        let oci = oci_runtime(w);
+        match crate::sandbox::fast_path(w.bundle, w.spec, w.config, &oci.identity(), w.reaper) {
+            Ok(Some(sandbox)) => Arc::new(sandbox),
+            Ok(None) => Arc::new(oci),
+            Err(why) => {
+                info!(w.log, "sandbox fast path not taken: the OCI runtime starts it"; "reason" => %why);
+                Arc::new(oci)
+            }
+        }
+    }
+
+    fn for_record(&self, r: &RuntimeRecord, bundle: &Path, reaper: Reaper) -> Arc<dyn Runtime> {
+        if r.binary == crate::sandbox::RECORD_BINARY {
+            return Arc::new(crate::sandbox::FastSandbox::recover(bundle, reaper));
+        }
+        Arc::new(OciRuntime::new(
+            &r.binary,
+            r.root.clone(),
+            r.systemd_cgroup,
+            bundle.join(RUNTIME_LOG),
+            reaper,
+        ))
+    }
+}
+
+/// The OCI runtime binary: runc `Options`' `BinaryName` from the engine first, then the
+/// config file's (also what `features` reports on).
+pub fn oci_binary(engine: &EngineOptions, config: &Config) -> String {
+    engine
+        .binary_name
+        .clone()
+        .unwrap_or_else(|| config.runtime.binary.clone())
+}
+
+/// The OCI runtime: runc `Options` from the engine first, then the config file.
+fn oci_runtime(w: &Wanted<'_>) -> OciRuntime {
+    let (engine, config) = (w.engine, w.config);
+    let binary = oci_binary(engine, config);
+    let root = engine
+        .root
+        .as_ref()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| config.runtime.root.clone())
+        .join(w.namespace);
+    OciRuntime::new(
+        &binary,
+        root,
+        engine.systemd_cgroup || config.runtime.systemd_cgroup,
+        w.bundle.join(RUNTIME_LOG),
+        w.reaper.clone(),
+    )
+    .with_timeouts(config.runtime.timeouts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wanted<'a>(
+        engine: &'a EngineOptions,
+        config: &'a Config,
+        spec: &'a serde_json::Value,
+        reaper: &'a Reaper,
+        log: &'a Logger,
+    ) -> Wanted<'a> {
+        Wanted {
+            engine,
+            config,
+            namespace: "k8s.io",
+            bundle: Path::new("/run/b"),
+            spec,
+            reaper,
+            log,
+        }
+    }
+
+    #[test]
+    fn the_engines_options_win_over_the_config() {
+        let (reaper, log) = (Reaper::default(), Logger::root(slog::Discard, slog::o!()));
+        let mut config = Config::default();
+        config.runtime.binary = "crun".into();
+        let spec = serde_json::json!({});
+        let defaults = EngineOptions::default();
+        let id = OciRuntimes
+            .for_create(&wanted(&defaults, &config, &spec, &reaper, &log))
+            .identity();
+        assert_eq!(id.binary, "crun");
+        assert_eq!(id.root, config.runtime.root.join("k8s.io"));
+        let engine = EngineOptions {
+            binary_name: Some("/opt/runc".into()),
+            root: Some("/run/other".into()),
+            systemd_cgroup: true,
+            ..Default::default()
+        };
+        let id = OciRuntimes
+            .for_create(&wanted(&engine, &config, &spec, &reaper, &log))
+            .identity();
+        assert_eq!(
+            (id.binary.as_str(), id.root, id.systemd_cgroup),
+            ("/opt/runc", PathBuf::from("/run/other/k8s.io"), true)
+        );
+    }
+
+    #[test]
+    fn a_record_rebuilds_the_runtime_create_chose() {
+        let record = RuntimeRecord {
+            binary: "crun".into(),
+            root: "/run/crun/ns".into(),
+            systemd_cgroup: true,
+            rootfs_mounted: false,
+            socket_dir: default_socket_dir(),
+        };
+        let id = OciRuntimes
+            .for_record(&record, Path::new("/run/b"), Reaper::default())
+            .identity();
+        assert_eq!(
+            (id.binary.as_str(), id.root, id.systemd_cgroup),
+            ("crun", PathBuf::from("/run/crun/ns"), true)
+        );
+        let fast = RuntimeRecord {
+            binary: crate::sandbox::RECORD_BINARY.into(),
+            ..record
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let id = OciRuntimes.for_record(&fast, dir.path(), Reaper::default()).identity();
+        assert_eq!(id.binary, crate::sandbox::RECORD_BINARY);
+    }
+
+    #[test]
+    fn a_bundle_without_a_record_stands_for_the_configs_runtime() {
+        let config = Config::default();
+        let r = RuntimeRecord::from_config(&config, "default");
+        assert_eq!(r.binary, config.runtime.binary);
+        assert_eq!(r.root, config.runtime.root.join("default"));
+        assert!(!r.rootfs_mounted);
+    }
+}
