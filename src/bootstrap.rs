@@ -20,7 +20,7 @@ use crate::config::{Config, ConfigError};
 use crate::container::{INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG};
 use crate::options::{self, EngineOptions};
 use crate::reaper::Reaper;
-use crate::runtime::choose::{oci_runtimes, RuntimeRecord};
+use crate::runtime::choose::{OciRuntimes, RuntimeRecord, Runtimes};
 use crate::runtime::OciRuntime;
 use crate::{files, spec};
 
@@ -358,7 +358,7 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
         Some(r) => r,
         None => RuntimeRecord::from_config(&Config::resolve(None)?.0, &flags.namespace),
     };
-    let rt = oci_runtimes().for_record(&record, &bundle, reaper);
+    let rt = OciRuntimes.for_record(&record, &bundle, reaper);
     match rt.delete(&flags.id, true).await {
         Ok(()) => {}
         Err(e) if e.is_not_found() => {}

@@ -27,11 +27,19 @@ mod create;
 mod error;
 mod exec;
 
-pub(crate) use create::off_reactor;
 pub use create::CreateParams;
 use error::invalid;
 pub use error::TaskError;
 pub use exec::StartedExec;
+
+/// Runs `f` on tokio's blocking pool: file reads, YAML and JSON parsing, libseccomp and cgroup
+/// reads that would otherwise hold up every other request on the reactor thread. Only work
+/// without side effects goes here: a Create cancelled while it runs just drops the result.
+pub(crate) async fn off_reactor<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, TaskError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| TaskError::Internal(format!("blocking task: {e}")))
+}
 
 /// Files gantry writes into a bundle, removed on Delete.
 pub const INIT_PID_FILE: &str = "init.pid";
@@ -78,9 +86,7 @@ impl Container {
     pub fn log(&self) -> &Logger {
         &self.log
     }
-}
 
-impl Container {
     /// Whether the kernel OOM-killed anything in the container so far.
     pub fn oom_killed(&self) -> bool {
         self.cgroup.oom_killed()
@@ -108,7 +114,7 @@ impl Container {
             .cloned()
             // The runc shim's answer: NOT_FOUND "cgroup does not exist".
             .ok_or_else(|| TaskError::Gone(format!("cgroup does not exist for container {:?}", self.id)))?;
-        match create::off_reactor(move || cg.metrics_any()).await? {
+        match off_reactor(move || cg.metrics_any()).await? {
             Ok(any) => Ok(any),
             Err(CgroupError::Gone { .. }) => Err(TaskError::Gone(format!("cgroup of container {:?} is gone", self.id))),
             Err(e) => Err(e.into()),

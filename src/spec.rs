@@ -160,8 +160,8 @@ pub struct Loaded {
     /// those, as the runc shim does: such a spec goes to the runtime untouched, and only an
     /// edit (device injection) is refused.
     pub spec: Result<Spec, serde_json::Error>,
-    /// The whole document after every edit, once the security policy edited it (it works on
-    /// the JSON, so a spec oci-spec cannot represent can be hardened too); what [`save`] writes.
+    /// The whole document after every edit, once [`edit`] built it for the security policy
+    /// (which works on the JSON, so a spec oci-spec cannot represent can be hardened too).
     pub doc: Option<Value>,
 }
 
@@ -209,8 +209,9 @@ pub fn load_annotations(bundle: &Path) -> Result<HashMap<String, String>, SpecEr
 
 /// The spec after Create's edits.
 pub struct Edited {
-    /// The whole document as the runtime will read it.
-    pub doc: Value,
+    /// The whole document as the runtime will read it, when an edit built it (always when
+    /// `write` is set).
+    pub doc: Option<Value>,
     /// What to write over config.json, when the edits changed it.
     pub write: Option<Vec<u8>>,
     /// The document as the engine wrote it: what a failed Create puts back.
@@ -224,21 +225,16 @@ pub struct Edited {
 /// part of the document alone, so runc sees what the engine wrote plus the edits.
 pub fn edit_for_create(bundle: &Path, mut loaded: Loaded, config: &Config) -> Result<Edited, SpecError> {
     let edits = edit(bundle, &mut loaded, config)?;
-    let path = config_path(bundle);
     let doc = match loaded.doc.take() {
-        Some(doc) => doc,
-        None if !edits.devices.is_empty() => merged(bundle, &loaded)?,
-        None => serde_json::from_slice(&loaded.raw).map_err(|source| SpecError::Parse {
-            path: path.clone(),
-            source,
-        })?,
+        None if !edits.devices.is_empty() => Some(merged(bundle, &loaded)?),
+        doc => doc,
     };
-    let write = match edits.changed() {
-        true => Some(serde_json::to_vec(&doc).map_err(|e| SpecError::Write {
-            path,
+    let write = match (&doc, edits.changed()) {
+        (Some(doc), true) => Some(serde_json::to_vec(doc).map_err(|e| SpecError::Write {
+            path: config_path(bundle),
             source: std::io::Error::other(e),
         })?),
-        false => None,
+        _ => None,
     };
     Ok(Edited {
         doc,
@@ -246,6 +242,17 @@ pub fn edit_for_create(bundle: &Path, mut loaded: Loaded, config: &Config) -> Re
         original: loaded.raw,
         edits,
     })
+}
+
+impl Edited {
+    /// The spec as the runtime will read it; parsed here only when no edit built it, so a
+    /// Create that needs no document (not a sandbox) never parses one.
+    pub fn document(&self) -> Result<std::borrow::Cow<'_, Value>, serde_json::Error> {
+        match &self.doc {
+            Some(doc) => Ok(std::borrow::Cow::Borrowed(doc)),
+            None => serde_json::from_slice(&self.original).map(std::borrow::Cow::Owned),
+        }
+    }
 }
 
 /// Writes `data` over the bundle's config.json.
@@ -391,9 +398,8 @@ pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config) -> Result<Edits
         merged(bundle, loaded)?
     };
     let security = security::apply(&mut doc, &config.security)?;
-    if security.changed {
-        loaded.doc = Some(doc);
-    }
+    // Kept even when unchanged: whoever reads the edited spec next need not parse it again.
+    loaded.doc = Some(doc);
     Ok(Edits { devices, security })
 }
 

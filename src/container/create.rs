@@ -11,8 +11,7 @@ use containerd_shim_protos::api::Mount;
 use slog::{info, o, warn, Logger};
 
 use super::console::{read_pid, run_with_console};
-use super::CgroupWatch;
-use super::{invalid, Container, TaskError, INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG};
+use super::{invalid, off_reactor, CgroupWatch, Container, TaskError, INIT_PID_FILE, RUNTIME_FILE, RUNTIME_LOG};
 use crate::cgroups::ContainerCgroup;
 use crate::config::Config;
 use crate::exits::{self, ExitOrder};
@@ -20,8 +19,7 @@ use crate::io::{self, StdioPaths};
 use crate::options::EngineOptions;
 use crate::process::Process;
 use crate::reaper::{Exit, Reaper};
-use crate::runtime::choose::RuntimeRecord;
-use crate::runtime::choose::{RuntimeFactory, Wanted};
+use crate::runtime::choose::{RuntimeFactory, RuntimeRecord, Wanted};
 use crate::runtime::{Runtime, Spawn};
 use crate::spec::{self, Loaded, SpecError};
 use crate::{files, mount};
@@ -112,7 +110,8 @@ impl Container {
         if let Err(why) = &loaded.spec {
             warn!(log, "config.json holds values gantry does not model; the runtime gets it as is"; "why" => why.to_string());
         }
-        let crio = spec::is_crio(&loaded.view.annotations());
+        let annotations = loaded.view.annotations();
+        let crio = spec::is_crio(&annotations);
         let kill_all_on_exit = exits::kills_all_on_exit(&loaded.raw);
         let mut undo = Undo {
             armed: true,
@@ -121,17 +120,19 @@ impl Container {
             original_config: None,
             runtime: None,
         };
-        let edited = prepare_bundle(&p, loaded, &reaper, &mut undo, &log).await?;
-        let runtime = runtimes.for_create(&Wanted {
-            engine: &p.engine,
-            config: &p.config,
-            namespace: &p.namespace,
-            bundle: &p.bundle,
-            spec: &edited,
-            reaper: &reaper,
-            log: &log,
-        });
-        drop(edited);
+        let runtime = {
+            let edited = prepare_bundle(&p, loaded, &reaper, &mut undo, &log).await?;
+            runtimes.for_create(&Wanted {
+                engine: &p.engine,
+                config: &p.config,
+                namespace: &p.namespace,
+                bundle: &p.bundle,
+                annotations: &annotations,
+                spec: &edited,
+                reaper: &reaper,
+                log: &log,
+            })
+        };
         write_record(&p, runtime.as_ref(), &undo)?;
         let created = run_create(&p, &runtime, &reaper, &mut undo, &log).await?;
         undo.armed = false;
@@ -159,25 +160,13 @@ impl Container {
     }
 }
 
-/// Runs `f` on tokio's blocking pool: file reads, YAML and JSON parsing, libseccomp and cgroup
-/// reads that would otherwise hold up every other request on the reactor thread. Only work
-/// without side effects goes here: a Create cancelled while it runs just drops the result.
-pub(crate) async fn off_reactor<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, TaskError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| TaskError::Internal(format!("blocking task: {e}")))
-}
-
 /// Init's cgroup and its OOM counters as of now (the baseline later kills are counted from).
 async fn locate_cgroup(pid: i32, log: &Logger) -> CgroupWatch {
-    match off_reactor(move || ContainerCgroup::for_pid(pid).map(CgroupWatch::new)).await {
-        Ok(Ok(located)) => located,
-        Ok(Err(e)) => {
-            warn!(log, "cgroup not found: no stats or OOM events"; "error" => %e);
-            CgroupWatch::default()
-        }
+    let located = off_reactor(move || ContainerCgroup::for_pid(pid).map(CgroupWatch::new)).await;
+    match located.and_then(|r| r.map_err(TaskError::from)) {
+        Ok(watch) => watch,
         Err(e) => {
-            warn!(log, "cgroup not located: no stats or OOM events"; "error" => %e);
+            warn!(log, "cgroup not found: no stats or OOM events"; "error" => %e);
             CgroupWatch::default()
         }
     }
@@ -191,7 +180,7 @@ async fn prepare_bundle(
     reaper: &Reaper,
     undo: &mut Undo<'_>,
     log: &Logger,
-) -> Result<serde_json::Value, TaskError> {
+) -> Result<spec::Edited, TaskError> {
     if !p.rootfs.is_empty() {
         // The resolved target (the bundle may sit behind a symlink): what is unmounted later.
         undo.mounted = Some(mount::mount_all(&p.rootfs, &p.bundle.join("rootfs"), reaper).await?);
@@ -210,7 +199,7 @@ async fn prepare_bundle(
         .map_err(refused)?;
     // CDI scans and YAML, libseccomp's validation: off the reactor.
     let (bundle, config) = (p.bundle.clone(), p.config.clone());
-    let edited = off_reactor(move || spec::edit_for_create(&bundle, loaded, &config))
+    let mut edited = off_reactor(move || spec::edit_for_create(&bundle, loaded, &config))
         .await?
         .map_err(|e| match e {
             SpecError::Devices(d) => TaskError::InvalidArgument(d.to_string()),
@@ -223,14 +212,15 @@ async fn prepare_bundle(
     }
     crate::security::log(log, &edits.security);
     if let Some(bytes) = &edited.write {
-        // Noted before the write: nothing between the two can be cancelled.
-        undo.original_config = Some(edited.original);
+        // Noted before the write: nothing between the two can be cancelled. (A written spec
+        // has its document, so `Edited::document` no longer needs the original.)
+        undo.original_config = Some(std::mem::take(&mut edited.original));
         spec::write(&p.bundle, bytes)?;
         if !edits.devices.is_empty() {
             info!(log, "injected devices"; "devices" => edits.devices.devices.join(","));
         }
     }
-    Ok(edited.doc)
+    Ok(edited)
 }
 
 /// Writes what the runtime and a later `delete` need: the runtime record, and fresh files

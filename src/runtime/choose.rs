@@ -7,6 +7,7 @@
 //! recorded in the bundle ([`RuntimeRecord`]). Unit tests replace the whole choice with a fake
 //! ([`Runtimes`] is the seam).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use crate::config::Config;
 use crate::container::RUNTIME_LOG;
 use crate::options::EngineOptions;
 use crate::reaper::Reaper;
+use crate::spec::Edited;
 
 /// What `delete` (the subcommand, after a daemon died) needs to clean up a bundle.
 #[derive(Debug, Serialize, Deserialize)]
@@ -55,8 +57,10 @@ pub struct Wanted<'a> {
     pub config: &'a Config,
     pub namespace: &'a str,
     pub bundle: &'a Path,
+    /// The spec's annotations, as the engine wrote them.
+    pub annotations: &'a HashMap<String, String>,
     /// The spec as the runtime will read it: after gantry's edits.
-    pub spec: &'a serde_json::Value,
+    pub spec: &'a Edited,
     pub reaper: &'a Reaper,
     pub log: &'a Logger,
 }
@@ -84,7 +88,7 @@ pub fn oci_runtimes() -> RuntimeFactory {
 impl Runtimes for OciRuntimes {
     fn for_create(&self, w: &Wanted<'_>) -> Arc<dyn Runtime> {
         let oci = oci_runtime(w);
-        match crate::sandbox::fast_path(w.bundle, w.spec, w.config, &oci.identity(), w.reaper) {
+        match crate::sandbox::fast_path(w.bundle, w.annotations, w.spec, w.config, &oci.identity(), w.reaper) {
             Ok(Some(sandbox)) => Arc::new(sandbox),
             Ok(None) => Arc::new(oci),
             Err(why) => {
@@ -144,7 +148,7 @@ mod tests {
     fn wanted<'a>(
         engine: &'a EngineOptions,
         config: &'a Config,
-        spec: &'a serde_json::Value,
+        (annotations, spec): &'a (HashMap<String, String>, Edited),
         reaper: &'a Reaper,
         log: &'a Logger,
     ) -> Wanted<'a> {
@@ -153,10 +157,22 @@ mod tests {
             config,
             namespace: "k8s.io",
             bundle: Path::new("/run/b"),
+            annotations,
             spec,
             reaper,
             log,
         }
+    }
+
+    /// A spec no edit touched.
+    fn no_edits() -> (HashMap<String, String>, Edited) {
+        let spec = Edited {
+            doc: Some(serde_json::json!({})),
+            write: None,
+            original: b"{}".to_vec(),
+            edits: Default::default(),
+        };
+        (HashMap::new(), spec)
     }
 
     #[test]
@@ -164,7 +180,7 @@ mod tests {
         let (reaper, log) = (Reaper::default(), Logger::root(slog::Discard, slog::o!()));
         let mut config = Config::default();
         config.runtime.binary = "crun".into();
-        let spec = serde_json::json!({});
+        let spec = no_edits();
         let defaults = EngineOptions::default();
         let id = OciRuntimes
             .for_create(&wanted(&defaults, &config, &spec, &reaper, &log))

@@ -68,16 +68,18 @@ use crate::runtime::RuntimeIdentity;
 /// spec as the runtime would read it (after gantry's edits); `oci` the runtime it would go to.
 pub fn fast_path(
     bundle: &Path,
-    spec: &serde_json::Value,
+    annotations: &HashMap<String, String>,
+    spec: &crate::spec::Edited,
     config: &Config,
     oci: &RuntimeIdentity,
     reaper: &Reaper,
 ) -> Result<Option<FastSandbox>, Fallback> {
-    let annotations: HashMap<String, String> = spec
-        .get("annotations")
-        .and_then(|a| serde_json::from_value(a.clone()).ok())
-        .unwrap_or_default();
-    if !config.runtime.sandbox_fast_path || !is_sandbox(&annotations) || !is_pause(spec) {
+    if !config.runtime.sandbox_fast_path || !is_sandbox(annotations) {
+        return Ok(None);
+    }
+    let doc = spec.document().map_err(|e| Fallback(format!("config.json: {e}")))?;
+    let spec = doc.as_ref();
+    if !is_pause(spec) {
         return Ok(None);
     }
     if oci_spec::runtime::Spec::deserialize(spec).is_err() {
