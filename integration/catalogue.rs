@@ -5,16 +5,12 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use containerd_shim_protos::api::{
-    CheckpointTaskRequest, CloseIORequest, CreateTaskRequest, DeleteRequest, ExecProcessRequest, KillRequest,
-    PauseRequest, PidsRequest, ResizePtyRequest, ResumeRequest, StartRequest, StateRequest, StatsRequest,
-    UpdateTaskRequest, WaitRequest,
-};
-use containerd_shim_protos::shim_async::TaskClient;
+use containerd_shim_protos::api::CreateTaskRequest;
 use protobuf::well_known_types::any::Any;
 use protobuf::MessageField;
 use ttrpc::Code;
 
+use crate::common::task::{process_any, task, Task};
 use crate::common::{
     assert_clean, code, crio_bundle, crio_create_req, crio_kill_and_remove, crio_start, ctx, env, message,
     open_fifo_reader, run, runtimeoptions_any, task_client, text, SHIM,
@@ -320,6 +316,13 @@ fn create_cases() -> Vec<CreateCase> {
             "binnary",
         ),
         c(
+            "shim config error names its line",
+            keep,
+            |r, d| config(r, d, "line.toml", "[runtime]\n\nsystemd_cgroup = \"maybe\"\n"),
+            Code::INVALID_ARGUMENT,
+            "line 3",
+        ),
+        c(
             "shim config with a wrong type",
             keep,
             |r, d| config(r, d, "type.toml", "[runtime]\nsystemd_cgroup = \"maybe\"\n"),
@@ -530,345 +533,91 @@ async fn rpcs_on_unknown_ids_and_in_the_wrong_state() {
     };
     for id in ["nobody", "rpc1"] {
         // For "rpc1" (not created yet) as for "nobody": NOT_FOUND everywhere.
-        unknown_id_cases(&client, id, &mut expect).await;
+        unknown_id_cases(&task(&client, id), &mut expect).await;
     }
     client.create(ctx(), &crio_create_req(&b)).await.unwrap();
     let dup = client.create(ctx(), &crio_create_req(&b)).await.map(drop);
     expect("duplicate create", dup, Some(Code::ALREADY_EXISTS));
-    wrong_state_cases(&client, &mut expect).await;
+    wrong_state_cases(&task(&client, "rpc1"), &mut expect).await;
+    let r = task(&client, "rpc1").connect().await.map(drop);
+    expect("connect after all of the above", r, None);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     crio_kill_and_remove(&client, "rpc1").await;
     assert_clean(env, &ns);
 }
 
-async fn unknown_id_cases(
-    c: &TaskClient,
-    id: &str,
-    expect: &mut impl FnMut(&str, Result<(), ttrpc::Error>, Option<Code>),
-) {
+type Expect<'a> = dyn FnMut(&str, Result<(), ttrpc::Error>, Option<Code>) + 'a;
+
+async fn unknown_id_cases(t: &Task<'_>, expect: &mut Expect<'_>) {
     let nf = Some(Code::NOT_FOUND);
-    let id = id.to_string();
-    let r = c
-        .state(
-            ctx(),
-            &StateRequest {
-                id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect(&format!("state {id}"), r, nf);
-    let r = c
-        .start(
-            ctx(),
-            &StartRequest {
-                id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect(&format!("start {id}"), r, nf);
-    let r = c
-        .kill(
-            ctx(),
-            &KillRequest {
-                id: id.clone(),
-                signal: 9,
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect(&format!("kill {id}"), r, nf);
-    let r = c
-        .wait(
-            ctx(),
-            &WaitRequest {
-                id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect(&format!("wait {id}"), r, nf);
-    let r = c
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect(&format!("delete {id}"), r, nf);
-    let r = c
-        .pids(
-            ctx(),
-            &PidsRequest {
-                id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect(&format!("pids {id}"), r, nf);
-    let r = c
-        .pause(
-            ctx(),
-            &PauseRequest {
-                id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect(&format!("pause {id}"), r, nf);
-    let r = c
-        .resume(
-            ctx(),
-            &ResumeRequest {
-                id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect(&format!("resume {id}"), r, nf);
-    let r = c
-        .stats(
-            ctx(),
-            &StatsRequest {
-                id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect(&format!("stats {id}"), r, nf);
-    let r = c
-        .close_io(
-            ctx(),
-            &CloseIORequest {
-                id: id.clone(),
-                stdin: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect(&format!("close_io {id}"), r, nf);
-    let r = c
-        .resize_pty(
-            ctx(),
-            &ResizePtyRequest {
-                id: id.clone(),
-                width: 1,
-                height: 1,
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect(&format!("resize_pty {id}"), r, nf);
-    let exec = ExecProcessRequest {
-        id: id.clone(),
-        exec_id: "e".into(),
-        spec: MessageField::some(process_any()),
-        ..Default::default()
-    };
-    let r = c.exec(ctx(), &exec).await.map(drop);
-    expect(&format!("exec {id}"), r, nf);
-    let update = UpdateTaskRequest {
-        id: id.clone(),
-        resources: MessageField::some(json_any("x", serde_json::json!({}))),
-        ..Default::default()
-    };
-    let r = c.update(ctx(), &update).await.map(drop);
-    expect(&format!("update {id}"), r, nf);
-    let r = c
-        .checkpoint(
-            ctx(),
-            &CheckpointTaskRequest {
-                id: id.clone(),
-                path: "/tmp/x".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect(&format!("checkpoint {id}"), r, nf);
+    let mut expect = |rpc: &str, got, want| expect(&format!("{rpc} {}", t.id()), got, want);
+    expect("state", t.state().await.map(drop), nf);
+    expect("start", t.start().await.map(drop), nf);
+    expect("kill", t.kill(9).await.map(drop), nf);
+    expect("wait", t.wait().await.map(drop), nf);
+    expect("delete", t.delete().await.map(drop), nf);
+    expect("pids", t.pids().await.map(drop), nf);
+    expect("pause", t.pause().await.map(drop), nf);
+    expect("resume", t.resume().await.map(drop), nf);
+    expect("stats", t.stats().await.map(drop), nf);
+    expect("close_io", t.close_stdin().await.map(drop), nf);
+    expect("resize_pty", t.resize(1, 1).await.map(drop), nf);
+    expect("exec", t.exec("e").add(Some(process_true())).await.map(drop), nf);
+    let empty = json_any("x", serde_json::json!({}));
+    expect("update", t.update(Some(empty)).await.map(drop), nf);
+    expect("checkpoint", t.checkpoint("/tmp/x").await.map(drop), nf);
 }
 
-fn process_any() -> Any {
-    let spec = serde_json::json!({"args": ["true"], "cwd": "/", "user": {"uid": 0, "gid": 0}, "env": ["PATH=/bin"]});
-    json_any("types.containerd.io/opencontainers/runtime-spec/1/Process", spec)
+fn process_true() -> Any {
+    process_any(serde_json::json!({"args": ["true"], "cwd": "/", "user": {"uid": 0, "gid": 0}, "env": ["PATH=/bin"]}))
 }
 
-async fn wrong_state_cases(c: &TaskClient, expect: &mut impl FnMut(&str, Result<(), ttrpc::Error>, Option<Code>)) {
-    let id = || "rpc1".to_string();
+async fn wrong_state_cases(t: &Task<'_>, expect: &mut Expect<'_>) {
     let fp = Some(Code::FAILED_PRECONDITION);
-    let r = c
-        .pause(
-            ctx(),
-            &PauseRequest {
-                id: id(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect("pause before start", r, fp);
-    let r = c
-        .resume(
-            ctx(),
-            &ResumeRequest {
-                id: id(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect("resume before start", r, fp);
-    let exec = |exec_id: &str, spec: Option<Any>| ExecProcessRequest {
-        id: id(),
-        exec_id: exec_id.into(),
-        spec: spec.into(),
-        ..Default::default()
-    };
-    let r = c.exec(ctx(), &exec("bad/exec", Some(process_any()))).await.map(drop);
-    expect("exec id with a slash", r, Some(Code::INVALID_ARGUMENT));
-    let r = c.exec(ctx(), &exec("nospec", None)).await.map(drop);
-    expect("exec without a spec", r, Some(Code::INVALID_ARGUMENT));
+    let invalid = Some(Code::INVALID_ARGUMENT);
+    expect("pause before start", t.pause().await.map(drop), fp);
+    expect("resume before start", t.resume().await.map(drop), fp);
+    let r = t.exec("bad/exec").add(Some(process_true())).await.map(drop);
+    expect("exec id with a slash", r, invalid);
+    expect(
+        "exec without a spec",
+        t.exec("nospec").add(None).await.map(drop),
+        invalid,
+    );
     let garbage = json_any("x", serde_json::json!({"args": 3}));
-    let r = c.exec(ctx(), &exec("garbage", Some(garbage))).await.map(drop);
-    expect("exec with a malformed spec", r, Some(Code::INVALID_ARGUMENT));
-    let r = c
-        .start(
-            ctx(),
-            &StartRequest {
-                id: id(),
-                exec_id: "never-added".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
+    let r = t.exec("garbage").add(Some(garbage)).await.map(drop);
+    expect("exec with a malformed spec", r, invalid);
+    let r = t.exec("never-added").start().await.map(drop);
     expect("start of an unknown exec", r, Some(Code::NOT_FOUND));
-    c.start(
-        ctx(),
-        &StartRequest {
-            id: id(),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    let r = c
-        .start(
-            ctx(),
-            &StartRequest {
-                id: id(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect("start twice", r, fp);
-    let r = c
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: id(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect("delete while running", r, fp);
-    let r = c
-        .resume(
-            ctx(),
-            &ResumeRequest {
-                id: id(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect("resume while running", r, fp);
-    c.exec(ctx(), &exec("e1", Some(process_any()))).await.unwrap();
-    let r = c.exec(ctx(), &exec("e1", Some(process_any()))).await.map(drop);
+    let r = t.exec("never-added").state().await.map(drop);
+    expect("state of an unknown exec", r, Some(Code::NOT_FOUND));
+    t.start().await.unwrap();
+    expect("start twice", t.start().await.map(drop), fp);
+    expect("delete while running", t.delete().await.map(drop), fp);
+    expect("resume while running", t.resume().await.map(drop), fp);
+    t.exec("e1").add(Some(process_true())).await.unwrap();
+    let r = t.exec("e1").add(Some(process_true())).await.map(drop);
     expect("duplicate exec id", r, Some(Code::ALREADY_EXISTS));
-    let r = c
-        .kill(
-            ctx(),
-            &KillRequest {
-                id: id(),
-                exec_id: "e1".into(),
-                signal: 9,
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect("kill of an exec not started", r, fp);
-    let r = c
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: id(),
-                exec_id: "e1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect("delete of an exec not started", r, None);
-    let r = c
-        .resize_pty(
-            ctx(),
-            &ResizePtyRequest {
-                id: id(),
-                width: 80,
-                height: 24,
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
+    expect("kill of an exec not started", t.exec("e1").kill(9).await.map(drop), fp);
+    expect(
+        "delete of an exec not started",
+        t.exec("e1").delete().await.map(drop),
+        None,
+    );
+    let r = t.resize(80, 24).await.map(drop);
     expect(
         "resize of a process without a terminal (ignored, as by the Go shim)",
         r,
         None,
     );
-    let bad = UpdateTaskRequest {
-        id: id(),
-        resources: MessageField::some(json_any("x", serde_json::json!({"memory": {"limit": "lots"}}))),
-        ..Default::default()
-    };
-    let r = c.update(ctx(), &bad).await.map(drop);
-    expect("update with garbage resources", r, Some(Code::INVALID_ARGUMENT));
-    let none = UpdateTaskRequest {
-        id: id(),
-        ..Default::default()
-    };
-    let r = c.update(ctx(), &none).await.map(drop);
-    expect("update without resources", r, Some(Code::INVALID_ARGUMENT));
-    let r = c
-        .kill(
-            ctx(),
-            &KillRequest {
-                id: id(),
-                signal: 65,
-                ..Default::default()
-            },
-        )
-        .await
-        .map(drop);
-    expect("signal 65", r, Some(Code::INVALID_ARGUMENT));
+    let bad = json_any("x", serde_json::json!({"memory": {"limit": "lots"}}));
+    expect(
+        "update with garbage resources",
+        t.update(Some(bad)).await.map(drop),
+        invalid,
+    );
+    expect("update without resources", t.update(None).await.map(drop), invalid);
+    expect("signal 65", t.kill(65).await.map(drop), invalid);
 }
 
 /// Runs the shim with `args` CRI-O style (no TTRPC_ADDRESS, cwd the bundle) with `config`
@@ -999,26 +748,9 @@ async fn ten_megabytes_of_annotations_run() {
     let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
     let _out = open_fifo_reader(&b.stdout);
     client.create(ctx(), &crio_create_req(&b)).await.unwrap();
-    client
-        .start(
-            ctx(),
-            &StartRequest {
-                id: "big1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let w = client
-        .wait(
-            ctx(),
-            &WaitRequest {
-                id: "big1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let big = task(&client, "big1");
+    big.start().await.unwrap();
+    let w = big.wait().await.unwrap();
     assert_eq!(w.exit_status, 0);
     crate::common::crio_remove(&client, "big1").await;
     assert_clean(env, &ns);

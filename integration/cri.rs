@@ -7,11 +7,11 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use crate::common::cri_api::{
-    ContainerFilter, ContainerState, ContainerStatsRequest, ContainerStatusRequest, ContainerStatusResponse,
-    CreateContainerRequest, ExecSyncRequest, ExecSyncResponse, LinuxContainerResources, ListContainersRequest,
-    PodSandboxConfig, PodSandboxState, PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
-    UpdateContainerResourcesRequest,
+    ContainerConfig, ContainerFilter, ContainerState, ContainerStatsRequest, ContainerStatusRequest,
+    ContainerStatusResponse, CreateContainerRequest, ExecSyncRequest, ExecSyncResponse, LinuxContainerResources,
+    ListContainersRequest, PodSandboxConfig, PodSandboxState, PodSandboxStatus, PodSandboxStatusRequest,
+    RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest, UpdateContainerResourcesRequest,
 };
 
 use crate::common::cri::{
@@ -44,10 +44,21 @@ pub(crate) async fn run_container(
     name: &str,
     cmd: &[&str],
 ) -> String {
+    create_and_start(c, pod, config, container_config(name, cmd)).await
+}
+
+/// Creates and starts the container `container` describes; returns its id.
+pub(crate) async fn create_and_start(
+    c: &mut Client,
+    pod: &str,
+    config: &PodSandboxConfig,
+    container: ContainerConfig,
+) -> String {
+    let name = container.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
     let id = c
         .create_container(CreateContainerRequest {
             pod_sandbox_id: pod.to_string(),
-            config: Some(container_config(name, cmd)),
+            config: Some(container),
             sandbox_config: Some(config.clone()),
         })
         .await
@@ -60,6 +71,16 @@ pub(crate) async fn run_container(
     .await
     .unwrap_or_else(|e| panic!("StartContainer {name}: {e:?}\n{}", tail()));
     id
+}
+
+/// PodSandboxStatus of `pod`: its status, or the call's error (a removed pod's NOT_FOUND).
+pub(crate) async fn pod_status(c: &mut Client, pod: &str) -> Result<PodSandboxStatus, tonic::Status> {
+    c.pod_sandbox_status(PodSandboxStatusRequest {
+        pod_sandbox_id: pod.to_string(),
+        verbose: false,
+    })
+    .await
+    .map(|r| r.into_inner().status.unwrap())
 }
 
 pub(crate) async fn status(c: &mut Client, id: &str) -> ContainerStatusResponse {
@@ -110,27 +131,14 @@ pub(crate) async fn stop_and_remove_pod(c: &mut Client, pod: &str) {
     })
     .await
     .unwrap_or_else(|e| panic!("StopPodSandbox: {e:?}\n{}", tail()));
-    let st = c
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: pod.to_string(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(st.status.unwrap().state, PodSandboxState::SandboxNotready as i32);
+    let st = pod_status(c, pod).await.unwrap();
+    assert_eq!(st.state, PodSandboxState::SandboxNotready as i32);
     c.remove_pod_sandbox(RemovePodSandboxRequest {
         pod_sandbox_id: pod.to_string(),
     })
     .await
     .unwrap_or_else(|e| panic!("RemovePodSandbox: {e:?}\n{}", tail()));
-    let gone = c
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: pod.to_string(),
-            verbose: false,
-        })
-        .await
-        .unwrap_err();
+    let gone = pod_status(c, pod).await.unwrap_err();
     assert_eq!(gone.code(), tonic::Code::NotFound, "{gone:?}");
 }
 
@@ -223,16 +231,7 @@ async fn cri_gantry_pod_lifecycle() {
     let pod = run_pod(&mut c, &config, HANDLER).await;
     let mut guard = PodGuard::new(cri, &pod);
     eprintln!("RunPodSandbox through gantry: {:?}", t0.elapsed());
-    let st = c
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: pod.clone(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-        .unwrap();
+    let st = pod_status(&mut c, &pod).await.unwrap();
     assert_eq!(st.state, PodSandboxState::SandboxReady as i32);
     assert_eq!(st.runtime_handler, HANDLER);
 
@@ -511,21 +510,7 @@ async fn cri_an_oom_killed_container_is_reported_oomkilled() {
             cpu_shares: 0,
         });
     }
-    let id = c
-        .create_container(CreateContainerRequest {
-            pod_sandbox_id: pod.clone(),
-            config: Some(hog),
-            sandbox_config: Some(config.clone()),
-        })
-        .await
-        .unwrap_or_else(|e| panic!("CreateContainer: {e:?}\n{}", tail()))
-        .into_inner()
-        .container_id;
-    c.start_container(StartContainerRequest {
-        container_id: id.clone(),
-    })
-    .await
-    .unwrap_or_else(|e| panic!("StartContainer: {e:?}\n{}", tail()));
+    let id = create_and_start(&mut c, &pod, &config, hog).await;
     let s = wait_exited(&mut c, &id, Duration::from_secs(60)).await;
     let st = s.status.unwrap();
     assert_eq!(
@@ -549,16 +534,7 @@ async fn cri_default_handler_still_runc() {
     let config = pod_config(&name, &cri.pod_log_dir(&name));
     let pod = run_pod(&mut c, &config, "").await;
     let mut guard = PodGuard::new(cri, &pod);
-    let st = c
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: pod.clone(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-        .unwrap();
+    let st = pod_status(&mut c, &pod).await.unwrap();
     assert_eq!(st.state, PodSandboxState::SandboxReady as i32);
 
     let ctr = run_container(&mut c, &pod, &config, "plain", &["sleep", "1000"]).await;

@@ -5,12 +5,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common::cri::{cri, pod_config, PodGuard, HANDLER};
-use crate::common::cri_api::{ContainerState, PodSandboxState, PodSandboxStatusRequest};
+use crate::common::cri_api::{ContainerState, PodSandboxState};
 use crate::common::cri_stream::Stdin;
 use crate::common::wait_until;
 use crate::cri::{
-    assert_gantry_clean, bundle_shim_pid, exec, gantry_daemons_of, pid, pod_name, run_container, run_pod, state,
-    status, stop_and_remove_pod, tail, wait_exited,
+    assert_gantry_clean, bundle_shim_pid, exec, gantry_daemons_of, pid, pod_name, pod_status, run_container, run_pod,
+    state, status, stop_and_remove_pod, tail, wait_exited,
 };
 use crate::cri_exec::stream_exec;
 
@@ -73,15 +73,8 @@ async fn cri_containerd_restart_under_a_running_gantry_pod() {
         .map(|d| d.pid)
         .collect();
     assert_eq!(daemons, vec![daemon], "{}", tail());
-    let st = c
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: pod.clone(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(st.status.unwrap().state, PodSandboxState::SandboxReady as i32);
+    let st = pod_status(&mut c, &pod).await.unwrap();
+    assert_eq!(st.state, PodSandboxState::SandboxReady as i32);
 
     let s = wait_exited(&mut c, &ends, Duration::from_secs(30)).await;
     assert_eq!(state(&s), ContainerState::ContainerExited, "{s:?}\n{}", tail());

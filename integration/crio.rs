@@ -3,10 +3,9 @@
 
 use std::time::Duration;
 
-use containerd_shim_protos::api::{
-    ConnectRequest, KillRequest, ShutdownRequest, StartRequest, StateRequest, Status, WaitRequest,
-};
+use containerd_shim_protos::api::Status;
 
+use crate::common::task::{process_any, task};
 use crate::common::{
     assert_clean, code, crio_bundle, crio_remove, crio_start, ctx, env, message, open_fifo_reader, read_fifo,
     task_client, text, wait_until,
@@ -37,23 +36,10 @@ async fn crio_lifecycle_grouping_and_shutdown() {
         .await
         .unwrap();
     assert!(created.pid > 0);
-    client
-        .start(
-            ctx(),
-            &StartRequest {
-                id: "pod1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let pod = task(&client, "pod1");
+    pod.start().await.unwrap();
     // Liveness probe on a running init.
-    let probe = KillRequest {
-        id: "pod1".into(),
-        signal: 0,
-        ..Default::default()
-    };
-    client.kill(ctx(), &probe).await.unwrap();
+    pod.kill(0).await.unwrap();
 
     // The second container of the pod joins the same daemon.
     let o = crio_start(&ns, &app.dir, "app1", b"");
@@ -76,39 +62,13 @@ async fn crio_lifecycle_grouping_and_shutdown() {
         .create(ctx(), &crate::common::crio_create_req(&app))
         .await
         .unwrap();
-    client2
-        .start(
-            ctx(),
-            &StartRequest {
-                id: "app1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let w = client2
-        .wait(
-            ctx(),
-            &WaitRequest {
-                id: "app1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let app1 = task(&client2, "app1");
+    app1.start().await.unwrap();
+    let w = app1.wait().await.unwrap();
     assert_eq!(w.exit_status, 7);
     assert_eq!(read_fifo(&mut app_out, Duration::from_secs(5)).trim(), "hi from app");
 
-    let st = client2
-        .state(
-            ctx(),
-            &StateRequest {
-                id: "app1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let st = app1.state().await.unwrap();
     assert_eq!(st.status.enum_value_or_default(), Status::STOPPED);
     assert_eq!(st.exit_status, 7);
     assert_eq!(st.stdout, app.stdout.to_str().unwrap());
@@ -116,67 +76,25 @@ async fn crio_lifecycle_grouping_and_shutdown() {
     assert_eq!(st.bundle, app.dir.to_str().unwrap());
 
     // Signal 0 to an exited process is an error; SIGKILL/SIGTERM succeed.
-    let e = client2
-        .kill(
-            ctx(),
-            &KillRequest {
-                id: "app1".into(),
-                signal: 0,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_err();
+    let e = app1.kill(0).await.unwrap_err();
     assert_eq!(code(&e), ttrpc::Code::NOT_FOUND, "{}", message(&e));
-    client2
-        .kill(
-            ctx(),
-            &KillRequest {
-                id: "app1".into(),
-                signal: 9,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    app1.kill(9).await.unwrap();
 
     let d = crio_remove(&client2, "app1").await;
     assert_eq!(d.exit_status, 7);
     // Still serving the infra container.
-    let c = client
-        .connect(
-            ctx(),
-            &ConnectRequest {
-                id: "pod1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let c = pod.connect().await.unwrap();
     assert_eq!(c.shim_pid as i32, daemon);
     assert_eq!(c.task_pid, created.pid);
 
     // Two concurrent waiters get the same exit.
-    let wreq = WaitRequest {
-        id: "pod1".into(),
-        ..Default::default()
-    };
-    let w1 = client.wait(ctx(), &wreq);
-    let w2 = client.wait(ctx(), &wreq);
+    let w1 = pod.wait();
+    let w2 = pod.wait();
     let kill = async {
         // Lets both Waits reach the daemon first; if they do not, the test still checks that a
         // Wait answers with the exit whenever it arrives.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        client
-            .kill(
-                ctx(),
-                &KillRequest {
-                    id: "pod1".into(),
-                    signal: 9,
-                    ..Default::default()
-                },
-            )
-            .await
+        pod.kill(9).await
     };
     let (w1, w2, k) = tokio::join!(w1, w2, kill);
     k.unwrap();
@@ -216,16 +134,7 @@ async fn start_accepts_every_stdin_form() {
     // The same daemon answered every time; nothing was created, so Shutdown ends it.
     assert!(addresses.windows(2).all(|w| w[0] == w[1]), "{addresses:?}");
     let client = task_client(&addresses[0]).await;
-    client
-        .shutdown(
-            ctx(),
-            &ShutdownRequest {
-                id: "s1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    task(&client, "s1").shutdown().await.unwrap();
     let ns_clean = wait_until(Duration::from_secs(10), || {
         std::fs::read_dir(&ns.socket_dir)
             .map(|d| d.count() == 0)
@@ -237,7 +146,6 @@ async fn start_accepts_every_stdin_form() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminal_init_and_resize_pty() {
-    use containerd_shim_protos::api::ResizePtyRequest;
     let env = env();
     let ns = env.namespace("crio-tty");
     let b = crio_bundle(
@@ -257,47 +165,15 @@ async fn terminal_init_and_resize_pty() {
     req.terminal = true;
     req.stderr = b.dir.join("stderr-unused").to_str().unwrap().into();
     client.create(ctx(), &req).await.unwrap();
-    client
-        .start(
-            ctx(),
-            &StartRequest {
-                id: "tty1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let resize = ResizePtyRequest {
-        id: "tty1".into(),
-        width: 123,
-        height: 45,
-        ..Default::default()
-    };
-    client.resize_pty(ctx(), &resize).await.unwrap();
-    let w = client
-        .wait(
-            ctx(),
-            &WaitRequest {
-                id: "tty1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let tty1 = task(&client, "tty1");
+    tty1.start().await.unwrap();
+    tty1.resize(123, 45).await.unwrap();
+    let w = tty1.wait().await.unwrap();
     assert_eq!(w.exit_status, 0);
     let text = read_fifo(&mut out, Duration::from_secs(5));
     assert!(text.contains("45 123"), "{text:?}");
     assert!(text.contains("tty-yes"), "{text:?}");
-    let st = client
-        .state(
-            ctx(),
-            &StateRequest {
-                id: "tty1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let st = tty1.state().await.unwrap();
     assert!(st.terminal);
     crio_remove(&client, "tty1").await;
     assert_clean(env, &ns);
@@ -308,8 +184,6 @@ async fn terminal_init_and_resize_pty() {
 /// for devices in such a spec fails cleanly, naming the value, with the file untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn values_newer_than_the_spec_model_reach_the_runtime() {
-    use containerd_shim_protos::api::{DeleteRequest, ExecProcessRequest};
-    use protobuf::well_known_types::any::Any;
     let env = env();
     let ns = env.namespace("crio-newer");
     let future_cap = |s: &mut serde_json::Value| {
@@ -322,11 +196,8 @@ async fn values_newer_than_the_spec_model_reach_the_runtime() {
     let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
     let _out = open_fifo_reader(&b.stdout);
     client.create(ctx(), &crate::common::crio_create_req(&b)).await.unwrap();
-    let start = StartRequest {
-        id: "nc1".into(),
-        ..Default::default()
-    };
-    client.start(ctx(), &start).await.unwrap();
+    let nc1 = task(&client, "nc1");
+    nc1.start().await.unwrap();
 
     // An exec whose process spec carries the same capability.
     let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(b.dir.join("config.json")).unwrap()).unwrap();
@@ -335,37 +206,14 @@ async fn values_newer_than_the_spec_model_reach_the_runtime() {
     let exec_out = b.dir.join("exec-stdout");
     nix::unistd::mkfifo(&exec_out, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let mut out = open_fifo_reader(&exec_out);
-    let exec = ExecProcessRequest {
-        id: "nc1".into(),
-        exec_id: "e1".into(),
-        stdout: exec_out.to_str().unwrap().into(),
-        spec: protobuf::MessageField::some(Any {
-            type_url: "types.containerd.io/opencontainers/runtime-spec/1/Process".into(),
-            value: serde_json::to_vec(&process).unwrap(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let e1 = nc1.exec("e1");
+    let mut exec = e1.exec_request(Some(process_any(process)));
+    exec.stdout = exec_out.to_str().unwrap().into();
     client.exec(ctx(), &exec).await.unwrap();
-    let exec_start = StartRequest {
-        id: "nc1".into(),
-        exec_id: "e1".into(),
-        ..Default::default()
-    };
-    client.start(ctx(), &exec_start).await.unwrap();
-    let exec_wait = WaitRequest {
-        id: "nc1".into(),
-        exec_id: "e1".into(),
-        ..Default::default()
-    };
-    assert_eq!(client.wait(ctx(), &exec_wait).await.unwrap().exit_status, 0);
+    e1.start().await.unwrap();
+    assert_eq!(e1.wait().await.unwrap().exit_status, 0);
     assert!(read_fifo(&mut out, Duration::from_secs(5)).contains("exec ran"));
-    let exec_delete = DeleteRequest {
-        id: "nc1".into(),
-        exec_id: "e1".into(),
-        ..Default::default()
-    };
-    client.delete(ctx(), &exec_delete).await.unwrap();
+    e1.delete().await.unwrap();
     // The engine's FIFO, made by this test: the engine removes it.
     std::fs::remove_file(&exec_out).unwrap();
 
@@ -391,8 +239,6 @@ async fn values_newer_than_the_spec_model_reach_the_runtime() {
 /// the container's) says `terminal: false`. The request wins, as in the runc shim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_with_terminal_from_the_request() {
-    use containerd_shim_protos::api::{DeleteRequest, ExecProcessRequest};
-    use protobuf::well_known_types::any::Any;
     let env = env();
     let ns = env.namespace("crio-exec-tty");
     let b = crio_bundle(&ns, "et1", "et1", &["sleep", "1000"], |_| {});
@@ -401,11 +247,8 @@ async fn exec_with_terminal_from_the_request() {
     let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
     let _out = open_fifo_reader(&b.stdout);
     client.create(ctx(), &crate::common::crio_create_req(&b)).await.unwrap();
-    let start = StartRequest {
-        id: "et1".into(),
-        ..Default::default()
-    };
-    client.start(ctx(), &start).await.unwrap();
+    let et1 = task(&client, "et1");
+    et1.start().await.unwrap();
 
     let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(b.dir.join("config.json")).unwrap()).unwrap();
     let mut process = spec["process"].clone();
@@ -414,52 +257,19 @@ async fn exec_with_terminal_from_the_request() {
     let exec_out = b.dir.join("exec-stdout");
     nix::unistd::mkfifo(&exec_out, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let mut out = open_fifo_reader(&exec_out);
-    let exec = ExecProcessRequest {
-        id: "et1".into(),
-        exec_id: "tty-exec".into(),
-        terminal: true,
-        stdout: exec_out.to_str().unwrap().into(),
-        spec: protobuf::MessageField::some(Any {
-            type_url: "types.containerd.io/opencontainers/runtime-spec/1/Process".into(),
-            value: serde_json::to_vec(&process).unwrap(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let tty_exec = et1.exec("tty-exec");
+    let mut exec = tty_exec.exec_request(Some(process_any(process)));
+    exec.terminal = true;
+    exec.stdout = exec_out.to_str().unwrap().into();
     client.exec(ctx(), &exec).await.unwrap();
-    let exec_start = StartRequest {
-        id: "et1".into(),
-        exec_id: "tty-exec".into(),
-        ..Default::default()
-    };
-    client.start(ctx(), &exec_start).await.unwrap();
-    let exec_wait = WaitRequest {
-        id: "et1".into(),
-        exec_id: "tty-exec".into(),
-        ..Default::default()
-    };
-    assert_eq!(client.wait(ctx(), &exec_wait).await.unwrap().exit_status, 0);
+    tty_exec.start().await.unwrap();
+    assert_eq!(tty_exec.wait().await.unwrap().exit_status, 0);
     let text = read_fifo(&mut out, Duration::from_secs(5));
     assert!(text.contains("/dev/pts/"), "{text:?}");
     assert!(text.contains("ok"), "{text:?}");
-    let st = client
-        .state(
-            ctx(),
-            &StateRequest {
-                id: "et1".into(),
-                exec_id: "tty-exec".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let st = tty_exec.state().await.unwrap();
     assert!(st.terminal);
-    let exec_delete = DeleteRequest {
-        id: "et1".into(),
-        exec_id: "tty-exec".into(),
-        ..Default::default()
-    };
-    client.delete(ctx(), &exec_delete).await.unwrap();
+    tty_exec.delete().await.unwrap();
     std::fs::remove_file(&exec_out).unwrap();
     crate::common::crio_kill_and_remove(&client, "et1").await;
     assert_clean(env, &ns);

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use containerd_shim_protos::api::{ExecProcessRequest, KillRequest, StartRequest, StateRequest, Status, WaitRequest};
-use containerd_shim_protos::shim_async::TaskClient;
+use containerd_shim_protos::api::Status;
 
+use crate::common::task::{process_any, task};
 use crate::common::{
     assert_clean, crio_bundle, crio_create_req, crio_kill_and_remove, crio_remove, crio_start, ctx, daemons_in, env,
     open_fifo_reader, read_fifo, run, task_client, text, wait_until, Ns, SHIM,
@@ -124,24 +124,6 @@ async fn runtime_killed_mid_create_fails_cleanly() {
     assert_clean(env, &ns);
 }
 
-async fn start(client: &TaskClient, id: &str, exec_id: &str) -> u32 {
-    let req = StartRequest {
-        id: id.into(),
-        exec_id: exec_id.into(),
-        ..Default::default()
-    };
-    client.start(ctx(), &req).await.unwrap().pid
-}
-
-async fn wait(client: &TaskClient, id: &str, exec_id: &str) -> u32 {
-    let req = WaitRequest {
-        id: id.into(),
-        exec_id: exec_id.into(),
-        ..Default::default()
-    };
-    client.wait(ctx(), &req).await.unwrap().exit_status
-}
-
 /// The stdout FIFO removed (and its reader gone) under a running container: the container keeps
 /// running, and Kill, Wait and Delete still work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,22 +142,13 @@ async fn stdout_fifo_removed_under_a_running_container() {
     let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
     let mut out = open_fifo_reader(&b.stdout);
     client.create(ctx(), &crio_create_req(&b)).await.unwrap();
-    start(&client, "ff1", "").await;
+    task(&client, "ff1").start().await.unwrap();
     assert!(read_fifo(&mut out, Duration::from_secs(5)).contains("tick"));
     drop(out);
     std::fs::remove_file(&b.stdout).unwrap();
     // An observation window: the writer keeps writing into a FIFO nobody reads for a while.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let st = client
-        .state(
-            ctx(),
-            &StateRequest {
-                id: "ff1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let st = task(&client, "ff1").state().await.unwrap();
     assert_eq!(
         st.status.enum_value_or_default(),
         Status::RUNNING,
@@ -212,7 +185,7 @@ async fn twenty_pods_at_once() {
             let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
             let _out = open_fifo_reader(&b.stdout);
             client.create(ctx(), &crio_create_req(&b)).await.unwrap();
-            start(&client, &id, "").await;
+            task(&client, &id).start().await.unwrap();
             crio_kill_and_remove(&client, &id).await;
         }));
     }
@@ -234,29 +207,21 @@ async fn init_exits_while_an_exec_runs() {
     let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
     let _out = open_fifo_reader(&b.stdout);
     client.create(ctx(), &crio_create_req(&b)).await.unwrap();
-    start(&client, "ie1", "").await;
+    let ie1 = task(&client, "ie1");
+    ie1.start().await.unwrap();
     let spec =
         serde_json::json!({"args": ["sleep", "60"], "cwd": "/", "user": {"uid": 0, "gid": 0}, "env": ["PATH=/bin"]});
-    let mut any = protobuf::well_known_types::any::Any::new();
-    any.type_url = "types.containerd.io/opencontainers/runtime-spec/1/Process".into();
-    any.value = serde_json::to_vec(&spec).unwrap();
-    let exec = ExecProcessRequest {
-        id: "ie1".into(),
-        exec_id: "long".into(),
-        spec: protobuf::MessageField::some(any),
-        ..Default::default()
-    };
-    client.exec(ctx(), &exec).await.unwrap();
-    start(&client, "ie1", "long").await;
-    let (init, exec) = tokio::join!(wait(&client, "ie1", ""), wait(&client, "ie1", "long"));
-    assert_eq!(init, 3);
-    assert_eq!(exec, 137, "the exec dies with the container's pid namespace");
-    let kill = KillRequest {
-        id: "ie1".into(),
-        signal: 9,
-        ..Default::default()
-    };
-    client.kill(ctx(), &kill).await.unwrap();
+    let long = ie1.exec("long");
+    long.add(Some(process_any(spec))).await.unwrap();
+    long.start().await.unwrap();
+    let (init, exec) = tokio::join!(ie1.wait(), long.wait());
+    assert_eq!(init.unwrap().exit_status, 3);
+    assert_eq!(
+        exec.unwrap().exit_status,
+        137,
+        "the exec dies with the container's pid namespace"
+    );
+    ie1.kill(9).await.unwrap();
     crio_remove(&client, "ie1").await;
     assert_clean(env, &ns);
 }

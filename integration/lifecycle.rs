@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use containerd_shim_protos::api::{ConnectRequest, DeleteRequest, ShutdownRequest, StartRequest, StateRequest};
+use containerd_shim_protos::api::{ConnectRequest, ShutdownRequest};
+
+use crate::common::task::task;
 
 use crate::common::{
     assert_clean, code, crio_bundle, crio_create_req, crio_kill_and_remove, crio_start, ctx, env, message,
@@ -24,20 +26,11 @@ fn alive(pid: i32) -> bool {
 
 /// Processes whose command line mentions `needle` (zombies have none, so they do not count).
 fn processes_with(needle: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        if e.file_name().to_string_lossy().parse::<i32>().is_err() {
-            continue;
-        }
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains(needle) {
-            found.push(format!("{} {cmd}", e.file_name().to_string_lossy()));
-        }
-    }
-    found
+    crate::common::processes()
+        .into_iter()
+        .map(|(pid, args)| format!("{pid} {}", args.join(" ")))
+        .filter(|line| line.contains(needle))
+        .collect()
 }
 
 /// A Create whose client deadline (1 ms) passes while runc is still creating: ttrpc drops the
@@ -59,19 +52,12 @@ async fn create_cancelled_by_a_client_deadline_leaves_nothing() {
     if let ttrpc::Error::RpcStatus(_) = e {
         assert_eq!(code(&e), ttrpc::Code::DEADLINE_EXCEEDED, "{}", message(&e));
     }
-    let delete = DeleteRequest {
-        id: "cx1".into(),
-        ..Default::default()
-    };
-    match client.delete(ctx(), &delete).await {
+    let cx1 = task(&client, "cx1");
+    match cx1.delete().await {
         Ok(d) => assert_eq!(d.exit_status, 137),
         Err(e) => assert_eq!(code(&e), ttrpc::Code::NOT_FOUND, "{}", message(&e)),
     }
-    let shutdown = ShutdownRequest {
-        id: "cx1".into(),
-        ..Default::default()
-    };
-    client.shutdown(ctx(), &shutdown).await.unwrap();
+    cx1.shutdown().await.unwrap();
     let gone = wait_until(Duration::from_secs(10), || !alive(daemon));
     assert!(gone, "daemon {daemon} still running after Delete and Shutdown");
     assert_clean(env, &ns);
@@ -128,21 +114,10 @@ async fn a_hung_runtime_create_times_out_while_the_daemon_serves_others() {
     let other = task_client(&address).await;
     let _ = wait_until(Duration::from_secs(10), || !processes_with("sleep 31337").is_empty());
     other.create(ctx(), &crio_create_req(&ok)).await.unwrap();
-    let start = StartRequest {
-        id: "ok1".into(),
-        ..Default::default()
-    };
-    other.start(ctx(), &start).await.unwrap();
-    let connect = ConnectRequest {
-        id: "ok1".into(),
-        ..Default::default()
-    };
-    assert_eq!(other.connect(ctx(), &connect).await.unwrap().shim_pid as i32, daemon);
-    let state = StateRequest {
-        id: "hang1".into(),
-        ..Default::default()
-    };
-    let e = other.state(ctx(), &state).await.unwrap_err();
+    let (ok1, hang1) = (task(&other, "ok1"), task(&other, "hang1"));
+    ok1.start().await.unwrap();
+    assert_eq!(ok1.connect().await.unwrap().shim_pid as i32, daemon);
+    let e = hang1.state().await.unwrap_err();
     assert_eq!(code(&e), ttrpc::Code::NOT_FOUND, "{}", message(&e));
     assert!(!pending.is_finished(), "the hung create returned early");
     assert!(!processes_with("sleep 31337").is_empty(), "the wrapper never hung");
@@ -168,17 +143,9 @@ async fn a_hung_runtime_create_times_out_while_the_daemon_serves_others() {
     assert!(clean, "left running:\n{}", left.join("\n"));
 
     // CRI-O's answer to the failed Create, then the other container's teardown.
-    let delete = DeleteRequest {
-        id: "hang1".into(),
-        ..Default::default()
-    };
-    let e = other.delete(ctx(), &delete).await.unwrap_err();
+    let e = hang1.delete().await.unwrap_err();
     assert_eq!(code(&e), ttrpc::Code::NOT_FOUND, "{}", message(&e));
-    let shutdown = ShutdownRequest {
-        id: "hang1".into(),
-        ..Default::default()
-    };
-    other.shutdown(ctx(), &shutdown).await.unwrap();
+    hang1.shutdown().await.unwrap();
     crio_kill_and_remove(&other, "ok1").await;
     let gone = wait_until(Duration::from_secs(10), || !alive(daemon));
     assert!(gone, "daemon {daemon} still running");
@@ -200,11 +167,7 @@ async fn sigterm_shuts_the_daemon_down_and_leaves_containers_running() {
     let client = task_client(&address).await;
     let _out = open_fifo_reader(&b.stdout);
     let init = client.create(ctx(), &crio_create_req(&b)).await.unwrap().pid as i32;
-    let start = StartRequest {
-        id: "st1".into(),
-        ..Default::default()
-    };
-    client.start(ctx(), &start).await.unwrap();
+    task(&client, "st1").start().await.unwrap();
     // One thread per daemon once idle: the blocking-pool thread Create used ends (after 0.5 s
     // without work; 30 s is for a busy machine), and nothing left another helper behind.
     let status = || std::fs::read_to_string(format!("/proc/{daemon}/status")).unwrap_or_default();

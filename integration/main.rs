@@ -1,7 +1,6 @@
 //! Integration tests: gantry against real engines, runtimes and the kernel.
 //! They need root, containerd, runc and busybox-static (scripts/test.sh installs them).
 
-mod bad_input;
 mod catalogue;
 mod common;
 mod containerd;

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use containerd_shim_protos::api::{StartRequest, WaitRequest};
+use containerd_shim_protos::api::StartRequest;
 use gantry::telemetry::{Kind, Record};
 
+use crate::common::task::task;
 use crate::common::{
     assert_clean, crio_bundle, crio_create_req, crio_remove, crio_start, ctx, daemons_in, env, open_fifo_reader,
     task_client, text, wait_until, Ns, SHIM,
@@ -210,11 +211,7 @@ async fn crio_events_carry_pod_names_trace_context_and_durations() {
         ..Default::default()
     };
     client.start(traced(), &start).await.unwrap();
-    let wait = WaitRequest {
-        id: "web".into(),
-        ..Default::default()
-    };
-    assert_eq!(client.wait(ctx(), &wait).await.unwrap().exit_status, 0);
+    assert_eq!(task(&client, "web").wait().await.unwrap().exit_status, 0);
     crio_remove(&client, "web").await;
     assert!(wait_until(Duration::from_secs(10), || daemons_in(&b.dir).is_empty()));
 

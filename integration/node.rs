@@ -57,23 +57,18 @@ fn metrics(ns: &str, id: &str) -> serde_json::Value {
 
 /// Sends Update with `resources` (LinuxResources JSON) to the daemon serving `bundle`.
 fn update(bundle: &Path, resources: &str) {
-    use containerd_shim_protos::api::UpdateTaskRequest;
+    use crate::common::task::task;
     let address = std::fs::read_to_string(bundle.join("address")).unwrap();
     let mut any = protobuf::well_known_types::any::Any::new();
     any.type_url = "opencontainers/runtime-spec/1/LinuxResources".into();
     any.value = resources.as_bytes().to_vec();
-    let req = UpdateTaskRequest {
-        id: "box".into(),
-        resources: protobuf::MessageField::some(any),
-        ..Default::default()
-    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
         let client = crate::common::task_client(&address).await;
-        client.update(crate::common::ctx(), &req).await.unwrap();
+        task(&client, "box").update(Some(any)).await.unwrap();
     });
 }
 

@@ -7,14 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use containerd_shim_protos::api::{
-    ExecProcessRequest, KillRequest, PauseRequest, ResumeRequest, StartRequest, StateRequest, StateResponse,
-    StatsRequest, Status, WaitRequest,
-};
+use containerd_shim_protos::api::{ExecProcessRequest, Status};
 
 #[path = "sandbox_systemd.rs"]
 mod systemd;
 
+use crate::common::task::{process_any, task};
 use crate::common::{
     assert_clean, code, crio_bundle, crio_create_req, crio_remove, crio_start, ctx, env, message, open_fifo_reader,
     run, task_client, text, wait_until, CrioBundle, Ns, SHIM,
@@ -299,26 +297,13 @@ async fn run_pause(o: std::process::Output, b: &CrioBundle) -> (containerd_shim_
     let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
     let _out = open_fifo_reader(&b.stdout);
     let created = client.create(ctx(), &crio_create_req(b)).await.unwrap();
-    let start = StartRequest {
-        id: b.id.clone(),
-        ..Default::default()
-    };
-    client.start(ctx(), &start).await.unwrap();
+    task(&client, &b.id).start().await.unwrap();
     // Started means the init has been released; the exec of /pause follows at once.
     let pid = created.pid;
     assert!(wait_until(Duration::from_secs(30), || {
         std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"/pause"))
     }));
     (client, pid)
-}
-
-/// State of `id` as the daemon behind `client` reports it.
-async fn state_of(client: &containerd_shim_protos::shim_async::TaskClient, id: &str) -> StateResponse {
-    let req = StateRequest {
-        id: id.into(),
-        ..Default::default()
-    };
-    client.state(ctx(), &req).await.unwrap()
 }
 
 /// A pause spec for a v2 view of this VM, whose controllers belong to v1: device rules only
@@ -368,17 +353,9 @@ async fn compare_with_runc(variant: &str, patch: fn(&mut serde_json::Value)) -> 
     assert_same(variant, &a, &b);
 
     for (client, id) in [(fast_client, "pf1"), (runc_client, "pr1")] {
-        let kill = KillRequest {
-            id: id.into(),
-            signal: 15,
-            ..Default::default()
-        };
-        client.kill(ctx(), &kill).await.unwrap();
-        let wait = WaitRequest {
-            id: id.into(),
-            ..Default::default()
-        };
-        let waited = client.wait(ctx(), &wait).await.unwrap();
+        let t = task(&client, id);
+        t.kill(15).await.unwrap();
+        let waited = t.wait().await.unwrap();
         assert_eq!(waited.exit_status, 0, "{id}: pause exits 0 on SIGTERM");
         crio_remove(&client, id).await;
     }
@@ -489,30 +466,13 @@ async fn fast_path_sandbox_lifecycle_and_pod_members() {
         .arg(format!("--uts={}", pinned.files[2].display()))
         .arg("hostname"));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "sandbox-host\n", "{}", text(&o));
-    let state = state_of(&client, "pl1").await;
+    let pl1 = task(&client, "pl1");
+    let state = pl1.state().await.unwrap();
     assert_eq!((state.status.enum_value().unwrap(), state.pid), (Status::RUNNING, pid));
-    let stats = client
-        .stats(
-            ctx(),
-            &StatsRequest {
-                id: "pl1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let stats = pl1.stats().await.unwrap();
     let metrics = if crate::common::cri::cgroup_v2() { "v2" } else { "v1" };
     assert_eq!(stats.stats.type_url, format!("io.containerd.cgroups.{metrics}.Metrics"));
-    client
-        .pause(
-            ctx(),
-            &PauseRequest {
-                id: "pl1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    pl1.pause().await.unwrap();
     // v1 freezer.state, or v2 cgroup.freeze.
     let v2 = crate::common::cri::cgroup_v2();
     let (file, frozen, thawed) = if v2 {
@@ -522,23 +482,14 @@ async fn fast_path_sandbox_lifecycle_and_pod_members() {
     };
     let freezer = crate::common::cri::cgroup_dir(pid, "freezer").join(file);
     assert_eq!(std::fs::read_to_string(&freezer).unwrap().trim(), frozen);
-    client
-        .resume(
-            ctx(),
-            &ResumeRequest {
-                id: "pl1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    pl1.resume().await.unwrap();
     assert_eq!(std::fs::read_to_string(&freezer).unwrap().trim(), thawed);
 
     // A restarted CRI-O reconnects from the bundle's `address` file and rebuilds the sandbox
     // from State: the same daemon answers, with the pid, status and stdio paths.
     let address = std::fs::read_to_string(pause.dir.join("address")).unwrap();
     let again = task_client(&address).await;
-    let state = state_of(&again, "pl1").await;
+    let state = task(&again, "pl1").state().await.unwrap();
     assert_eq!((state.status.enum_value().unwrap(), state.pid), (Status::RUNNING, pid));
     assert_eq!(state.stdout, pause.stdout.to_str().unwrap());
     drop(again);
@@ -557,43 +508,17 @@ async fn fast_path_sandbox_lifecycle_and_pod_members() {
     assert!(o.status.success(), "{}", text(&o));
     let _app_out = open_fifo_reader(&app.stdout);
     client.create(ctx(), &crio_create_req(&app)).await.unwrap();
-    client
-        .start(
-            ctx(),
-            &StartRequest {
-                id: "pa1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let pa1 = task(&client, "pa1");
+    pa1.start().await.unwrap();
     let exec_out = ns.dir.join("exec-out");
     nix::unistd::mkfifo(&exec_out, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let mut reader = open_fifo_reader(&exec_out);
     let process = serde_json::json!({"args": ["cat", "/proc/1/cmdline"], "cwd": "/", "env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0}});
-    let exec = ExecProcessRequest {
-        id: "pa1".into(),
-        exec_id: "e1".into(),
-        stdout: exec_out.to_str().unwrap().into(),
-        spec: protobuf::MessageField::some(protobuf::well_known_types::any::Any {
-            type_url: "types.containerd.io/opencontainers/runtime-spec/1/Process".into(),
-            value: serde_json::to_vec(&process).unwrap(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let e1 = pa1.exec("e1");
+    let mut exec = e1.exec_request(Some(process_any(process)));
+    exec.stdout = exec_out.to_str().unwrap().into();
     client.exec(ctx(), &exec).await.unwrap();
-    client
-        .start(
-            ctx(),
-            &StartRequest {
-                id: "pa1".into(),
-                exec_id: "e1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    e1.start().await.unwrap();
     let seen = crate::common::read_fifo(&mut reader, Duration::from_secs(10));
     assert!(
         seen.starts_with("/pause"),
@@ -608,14 +533,7 @@ async fn fast_path_sandbox_lifecycle_and_pod_members() {
     };
     let refused = match client.exec(ctx(), &into_pause).await {
         Err(e) => e,
-        Ok(_) => {
-            let start_exec = StartRequest {
-                id: "pl1".into(),
-                exec_id: "e2".into(),
-                ..Default::default()
-            };
-            client.start(ctx(), &start_exec).await.unwrap_err()
-        }
+        Ok(_) => pl1.exec("e2").start().await.unwrap_err(),
     };
     assert!(
         message(&refused).contains("fast path"),
@@ -625,22 +543,8 @@ async fn fast_path_sandbox_lifecycle_and_pod_members() {
     );
 
     crate::common::crio_kill_and_remove(&client, "pa1").await;
-    let kill = KillRequest {
-        id: "pl1".into(),
-        signal: 9,
-        ..Default::default()
-    };
-    client.kill(ctx(), &kill).await.unwrap();
-    let waited = client
-        .wait(
-            ctx(),
-            &WaitRequest {
-                id: "pl1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    pl1.kill(9).await.unwrap();
+    let waited = pl1.wait().await.unwrap();
     assert_eq!(waited.exit_status, 137);
     crio_remove(&client, "pl1").await;
     drop(pinned);

@@ -249,32 +249,16 @@ async fn fast_path_with_the_systemd_driver_matches_runc() {
         .show("crio-pf3.scope", "CollectMode")
         .contains("=inactive-or-failed"));
     // Pause and Resume freeze the scope systemd made; State reports the pause process.
-    let state = fast_client
-        .state(
-            ctx(),
-            &StateRequest {
-                id: "pf3".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let pf3 = task(&fast_client, "pf3");
+    let state = pf3.state().await.unwrap();
     assert_eq!(
         (state.status.enum_value().unwrap(), state.pid),
         (Status::RUNNING, fast_pid)
     );
     let frozen = || std::fs::read_to_string(scopes[0].join("cgroup.freeze")).unwrap_or_default();
-    let pause = PauseRequest {
-        id: "pf3".into(),
-        ..Default::default()
-    };
-    fast_client.pause(ctx(), &pause).await.unwrap();
+    pf3.pause().await.unwrap();
     assert_eq!(frozen(), "1\n");
-    let resume = ResumeRequest {
-        id: "pf3".into(),
-        ..Default::default()
-    };
-    fast_client.resume(ctx(), &resume).await.unwrap();
+    pf3.resume().await.unwrap();
     assert_eq!(frozen(), "0\n");
 
     for (client, id) in [(fast_client, "pf3"), (runc_client, "pr3")] {

@@ -3,10 +3,11 @@
 //! (seen from the host in /proc/PID/status and from inside), what is refused, and that a
 //! refusal leaves nothing behind.
 
-use containerd_shim_protos::api::{CreateTaskRequest, DeleteRequest, KillRequest, StartRequest, WaitRequest};
+use containerd_shim_protos::api::CreateTaskRequest;
 use serde_json::Value;
 use ttrpc::Code;
 
+use crate::common::task::task;
 use crate::common::{
     assert_clean, code, crio_bundle, crio_start, ctx, env, message, open_fifo_reader, runtimeoptions_any, task_client,
     text, CrioBundle, Ns,
@@ -236,30 +237,13 @@ async fn crio_run(
 ) -> (String, Value) {
     let _out = open_fifo_reader(&b.stdout);
     let created = client.create(ctx(), &create_req(b, config)).await.unwrap();
-    let id = b.id.clone();
-    let start = StartRequest {
-        id: id.clone(),
-        ..Default::default()
-    };
-    client.start(ctx(), &start).await.unwrap();
+    let t = task(client, &b.id);
+    t.start().await.unwrap();
     let status = std::fs::read_to_string(format!("/proc/{}/status", created.pid)).unwrap();
     let spec = serde_json::from_slice(&std::fs::read(b.dir.join("config.json")).unwrap()).unwrap();
-    let kill = KillRequest {
-        id: id.clone(),
-        signal: 9,
-        ..Default::default()
-    };
-    client.kill(ctx(), &kill).await.unwrap();
-    let wait = WaitRequest {
-        id: id.clone(),
-        ..Default::default()
-    };
-    client.wait(ctx(), &wait).await.unwrap();
-    let delete = DeleteRequest {
-        id,
-        ..Default::default()
-    };
-    client.delete(ctx(), &delete).await.unwrap();
+    t.kill(9).await.unwrap();
+    t.wait().await.unwrap();
+    t.delete().await.unwrap();
     (status, spec)
 }
 

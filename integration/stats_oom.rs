@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use containerd_shim_protos::api::{StartRequest, WaitRequest};
-
+use crate::common::task::task;
 use crate::common::{
     assert_clean, crio_bundle, crio_remove, crio_start, ctx, env, open_fifo_reader, task_client, text,
 };
@@ -82,26 +81,9 @@ async fn crio_oom_writes_the_marker_before_wait_returns() {
     let req = crate::common::crio_create_req(&b);
     client.create(ctx(), &req).await.unwrap();
     assert!(!b.dir.join("oom").exists());
-    client
-        .start(
-            ctx(),
-            &StartRequest {
-                id: "hog".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let w = client
-        .wait(
-            ctx(),
-            &WaitRequest {
-                id: "hog".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let hog = task(&client, "hog");
+    hog.start().await.unwrap();
+    let w = hog.wait().await.unwrap();
     assert_eq!(w.exit_status, 137);
     assert!(b.dir.join("oom").exists(), "no <bundle>/oom after an OOM kill");
     crio_remove(&client, "hog").await;

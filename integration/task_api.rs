@@ -5,9 +5,9 @@ use std::io::Write;
 use std::process::Stdio;
 use std::time::Duration;
 
-use containerd_shim_protos::api::{CheckpointTaskRequest, StartRequest, UpdateTaskRequest};
 use protobuf::well_known_types::any::Any;
 
+use crate::common::task::task;
 use crate::common::{
     assert_clean, code, crio_bundle, crio_start, ctx, env, message, open_fifo_reader, task_client, text, wait_until,
 };
@@ -219,16 +219,8 @@ async fn update_changes_live_limits_and_checkpoint_says_why_not() {
     let _out = open_fifo_reader(&b.stdout);
     let req = crate::common::crio_create_req(&b);
     client.create(ctx(), &req).await.unwrap();
-    client
-        .start(
-            ctx(),
-            &StartRequest {
-                id: "upd".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let upd = task(&client, "upd");
+    upd.start().await.unwrap();
 
     let resources = serde_json::json!({
         "memory": {"limit": 64 * 1024 * 1024},
@@ -238,12 +230,7 @@ async fn update_changes_live_limits_and_checkpoint_says_why_not() {
     let mut any = Any::new();
     any.type_url = "opencontainers/runtime-spec/1/LinuxResources".into();
     any.value = serde_json::to_vec(&resources).unwrap();
-    let upd = UpdateTaskRequest {
-        id: "upd".into(),
-        resources: protobuf::MessageField::some(any),
-        ..Default::default()
-    };
-    client.update(ctx(), &upd).await.unwrap();
+    upd.update(Some(any)).await.unwrap();
     let cg = |ctl: &str, file: &str| {
         std::fs::read_to_string(format!("/sys/fs/cgroup/{ctl}/{}/upd/{file}", ns.name))
             .unwrap()
@@ -260,12 +247,7 @@ async fn update_changes_live_limits_and_checkpoint_says_why_not() {
     // Malformed resources are INVALID_ARGUMENT.
     let mut bad = Any::new();
     bad.value = b"{not json".to_vec();
-    let upd = UpdateTaskRequest {
-        id: "upd".into(),
-        resources: protobuf::MessageField::some(bad),
-        ..Default::default()
-    };
-    let e = client.update(ctx(), &upd).await.unwrap_err();
+    let e = upd.update(Some(bad)).await.unwrap_err();
     assert_eq!(code(&e), ttrpc::Code::INVALID_ARGUMENT, "{}", message(&e));
 
     // Checkpoint: real when CRIU works here, otherwise UNIMPLEMENTED saying why.
@@ -275,12 +257,7 @@ async fn update_changes_live_limits_and_checkpoint_says_why_not() {
         .map(|o| o.status.success())
         .unwrap_or(false);
     let image = ns.dir.join("checkpoint");
-    let ck = CheckpointTaskRequest {
-        id: "upd".into(),
-        path: image.to_str().unwrap().into(),
-        ..Default::default()
-    };
-    match client.checkpoint(ctx(), &ck).await {
+    match upd.checkpoint(image.to_str().unwrap()).await {
         Ok(_) => {
             assert!(criu_ok);
             assert!(image.join("inventory.img").exists());

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use containerd_shim_protos::api::{
-    ConnectRequest, CreateTaskRequest, ExecProcessRequest, KillRequest, StartRequest, WaitRequest,
-};
+use containerd_shim_protos::api::{ConnectRequest, CreateTaskRequest};
 use containerd_shim_protos::shim_async::TaskClient;
+
+use crate::common::task::{process_any, task};
 
 use crate::common::{
     assert_clean, code, crio_bundle, crio_create_req, crio_kill_and_remove, crio_remove, crio_start, crio_start_cmd,
@@ -152,16 +152,9 @@ async fn start_crio(ns: &Ns, bundle: &Path, id: &str) -> (String, TaskClient) {
 }
 
 async fn start_and_wait(client: &TaskClient, id: &str) -> u32 {
-    let start = StartRequest {
-        id: id.into(),
-        ..Default::default()
-    };
-    client.start(ctx(), &start).await.unwrap();
-    let wait = WaitRequest {
-        id: id.into(),
-        ..Default::default()
-    };
-    client.wait(ctx(), &wait).await.unwrap().exit_status
+    let t = task(client, id);
+    t.start().await.unwrap();
+    t.wait().await.unwrap().exit_status
 }
 
 /// Item 1: Sockets live in a 0700 directory with mode 0600, and even with both widened another
@@ -182,11 +175,7 @@ async fn other_users_cannot_drive_the_daemon_even_through_a_widened_socket() {
     assert_eq!(probe_as(0, &sock), Probe::Answered, "root is served");
     assert_eq!(probe_as(NOBODY, &sock), Probe::Closed, "another user must be refused");
     // The refusal cost the daemon nothing.
-    let connect = ConnectRequest {
-        id: "peer1".into(),
-        ..Default::default()
-    };
-    client.connect(ctx(), &connect).await.unwrap();
+    task(&client, "peer1").connect().await.unwrap();
     shutdown(&client, "peer1").await;
     assert_clean(env, &ns);
 }
@@ -470,11 +459,7 @@ async fn rootfs_mounts_under_a_symlinked_state_dir_are_undone() {
             let e = created.unwrap_err();
             assert!(message(&e).contains("no-such-netns"), "{e:?}");
             assert!(!mounted_under_real(), "a failed Create left its rootfs mounted");
-            let del = containerd_shim_protos::api::DeleteRequest {
-                id: id.into(),
-                ..Default::default()
-            };
-            let _ = client.delete(ctx(), &del).await;
+            let _ = task(&client, id).delete().await;
             shutdown(&client, id).await;
         } else {
             created.unwrap();
@@ -498,54 +483,27 @@ async fn kill_codes_and_messages() {
     let (_, client) = start_crio(&ns, &b.dir, "kc1").await;
     let _out = open_fifo_reader(&b.stdout);
     client.create(ctx(), &crio_create_req(&b)).await.unwrap();
-    let start = StartRequest {
-        id: "kc1".into(),
-        ..Default::default()
-    };
-    client.start(ctx(), &start).await.unwrap();
+    let kc1 = task(&client, "kc1");
+    kc1.start().await.unwrap();
     let spec = serde_json::json!({"args": ["sleep", "60"], "cwd": "/", "user": {"uid": 0, "gid": 0},
         "env": ["PATH=/bin"]});
-    let mut any = protobuf::well_known_types::any::Any::new();
-    any.type_url = "types.containerd.io/opencontainers/runtime-spec/1/Process".into();
-    any.value = serde_json::to_vec(&spec).unwrap();
-    let exec = ExecProcessRequest {
-        id: "kc1".into(),
-        exec_id: "e1".into(),
-        spec: protobuf::MessageField::some(any),
-        ..Default::default()
-    };
-    client.exec(ctx(), &exec).await.unwrap();
-    let start_exec = StartRequest {
-        id: "kc1".into(),
-        exec_id: "e1".into(),
-        ..Default::default()
-    };
-    client.start(ctx(), &start_exec).await.unwrap();
-    let kill = |exec_id: &str, signal: u32| KillRequest {
-        id: "kc1".into(),
-        exec_id: exec_id.into(),
-        signal,
-        ..Default::default()
-    };
+    kc1.exec("e1").add(Some(process_any(spec))).await.unwrap();
+    kc1.exec("e1").start().await.unwrap();
     for exec_id in ["", "e1"] {
-        let e = client.kill(ctx(), &kill(exec_id, 999)).await.unwrap_err();
+        let e = kc1.exec(exec_id).kill(999).await.unwrap_err();
         assert_eq!(code(&e), ttrpc::Code::INVALID_ARGUMENT, "{exec_id:?}: {e:?}");
         assert!(message(&e).contains("invalid signal 999"), "{e:?}");
     }
-    client.kill(ctx(), &kill("", 9)).await.unwrap();
-    let wait = WaitRequest {
-        id: "kc1".into(),
-        ..Default::default()
-    };
-    client.wait(ctx(), &wait).await.unwrap();
+    kc1.kill(9).await.unwrap();
+    kc1.wait().await.unwrap();
     for exec_id in ["", "e1"] {
-        let e = client.kill(ctx(), &kill(exec_id, 0)).await.unwrap_err();
+        let e = kc1.exec(exec_id).kill(0).await.unwrap_err();
         assert_eq!(code(&e), ttrpc::Code::NOT_FOUND, "{exec_id:?}: {e:?}");
         assert_eq!(message(&e), "process already finished");
-        client.kill(ctx(), &kill(exec_id, 9)).await.unwrap();
-        client.kill(ctx(), &kill(exec_id, 15)).await.unwrap();
+        kc1.exec(exec_id).kill(9).await.unwrap();
+        kc1.exec(exec_id).kill(15).await.unwrap();
     }
-    let e = client.kill(ctx(), &kill("nope", 9)).await.unwrap_err();
+    let e = kc1.exec("nope").kill(9).await.unwrap_err();
     assert_eq!(code(&e), ttrpc::Code::NOT_FOUND);
     crio_remove(&client, "kc1").await;
     assert_clean(env, &ns);

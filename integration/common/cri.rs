@@ -148,12 +148,7 @@ async fn start() -> Cri {
     std::fs::create_dir_all(&dir).unwrap();
 
     let pause_dir = dir.join("pause-image");
-    let o = run(Command::new("bash")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/busybox-image.sh"))
-        .arg(&pause_dir)
-        .arg(PAUSE_IMAGE)
-        .arg("/pause"));
-    assert!(o.status.success(), "pause image: {}", text(&o));
+    crate::common::busybox_image(&pause_dir, PAUSE_IMAGE, &["/pause"]);
 
     let socket_dir = dir.join("s");
     let runtime_root = dir.join("rt");
@@ -333,7 +328,7 @@ impl Cri {
 /// runc shims of an aborted earlier run's CRI containerd (they outlive it); gantry's daemons
 /// and the containers are swept by `common::env()`.
 fn kill_stale_runc_shims() {
-    for (pid, args) in processes() {
+    for (pid, args) in super::processes() {
         if !args.first().is_some_and(|a| a.ends_with("containerd-shim-runc-v2")) {
             continue;
         }
@@ -349,30 +344,6 @@ fn kill_stale_runc_shims() {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
     }
-}
-
-/// Every process with its argv.
-pub fn processes() -> Vec<(i32, Vec<String>)> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        if cmd.is_empty() {
-            continue;
-        }
-        let args = cmd
-            .strip_suffix(&[0])
-            .unwrap_or(&cmd)
-            .split(|b| *b == 0)
-            .map(|s| String::from_utf8_lossy(s).into_owned())
-            .collect();
-        out.push((pid, args));
-    }
-    out
 }
 
 /// The value after a Go-style flag (`-id X`).
@@ -393,7 +364,7 @@ pub struct Daemon {
 /// the containerd on `address`.
 pub fn daemons(binary: &str, address: &Path) -> Vec<Daemon> {
     let address = address.to_str().unwrap();
-    processes()
+    super::processes()
         .into_iter()
         .filter(|(_, a)| a.first().is_some_and(|b| b.ends_with(binary)))
         .filter(|(_, a)| flag(a, "-namespace") == Some(CRI_NS))

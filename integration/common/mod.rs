@@ -7,6 +7,7 @@
 pub mod cri;
 pub mod cri_api;
 pub mod cri_stream;
+pub mod task;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -98,11 +99,7 @@ pub fn env() -> &'static Env {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let image_dir = dir.join("image");
-        let o = run(Command::new("bash")
-            .arg(repo().join("scripts/busybox-image.sh"))
-            .arg(&image_dir)
-            .arg(IMAGE));
-        assert!(o.status.success(), "busybox image: {}", text(&o));
+        busybox_image(&image_dir, IMAGE, &[]);
 
         let socket_dir = dir.join("s");
         let runtime_root = dir.join("rt");
@@ -225,18 +222,17 @@ impl Env {
 
     /// `ctr run --rm` through gantry; returns the output.
     pub fn ctr_run(&self, ns: &Ns, id: &str, extra: &[&str], cmd: &[&str]) -> Output {
-        let config = ns.config.to_str().unwrap();
-        let mut args = vec!["run", "--rm", "--runtime", RUNTIME, "--runtime-config-path", config];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&[IMAGE, id]);
-        args.extend_from_slice(cmd);
-        self.ctr(&ns.name, &args)
+        self.ctr_run_as("--rm", ns, id, extra, cmd)
     }
 
     /// `ctr run -d` through gantry (the task keeps running).
     pub fn ctr_run_detached(&self, ns: &Ns, id: &str, extra: &[&str], cmd: &[&str]) -> Output {
+        self.ctr_run_as("-d", ns, id, extra, cmd)
+    }
+
+    fn ctr_run_as(&self, mode: &str, ns: &Ns, id: &str, extra: &[&str], cmd: &[&str]) -> Output {
         let config = ns.config.to_str().unwrap();
-        let mut args = vec!["run", "-d", "--runtime", RUNTIME, "--runtime-config-path", config];
+        let mut args = vec!["run", mode, "--runtime", RUNTIME, "--runtime-config-path", config];
         args.extend_from_slice(extra);
         args.extend_from_slice(&[IMAGE, id]);
         args.extend_from_slice(cmd);
@@ -334,26 +330,16 @@ impl Env {
 
     /// Pids of gantry daemons serving `ns`.
     pub fn shim_processes(&self, ns: &str) -> Vec<i32> {
-        let mut pids = Vec::new();
-        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-                continue;
-            };
-            let args: Vec<String> = cmd
-                .split(|b| *b == 0)
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect();
-            let is_shim = args.first().is_some_and(|a| a.ends_with("containerd-shim-gantry-v2"));
-            let in_ns = args.windows(2).any(|w| w[0] == "-namespace" && w[1] == ns);
-            let serving = !args.iter().any(|a| a == "start" || a == "delete");
-            if is_shim && in_ns && serving {
-                pids.push(pid);
-            }
-        }
-        pids
+        processes()
+            .into_iter()
+            .filter(|(_, args)| {
+                let is_shim = args.first().is_some_and(|a| a.ends_with("containerd-shim-gantry-v2"));
+                let in_ns = args.windows(2).any(|w| w[0] == "-namespace" && w[1] == ns);
+                let serving = !args.iter().any(|a| a == "start" || a == "delete");
+                is_shim && in_ns && serving
+            })
+            .map(|(pid, _)| pid)
+            .collect()
     }
 }
 
@@ -401,15 +387,34 @@ fn clean_stale_runs() {
 
 fn shim_pids_under(dir: &Path) -> Vec<i32> {
     let needle = dir.to_string_lossy().into_owned();
+    processes()
+        .into_iter()
+        .filter(|(_, args)| {
+            args.iter().any(|a| a.contains("containerd-shim-gantry-v2")) && args.iter().any(|a| a.contains(&needle))
+        })
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Every pid in /proc.
+pub fn pids() -> impl Iterator<Item = i32> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| {
-            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
-            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-            let cmd = String::from_utf8_lossy(&cmd);
-            (cmd.contains("containerd-shim-gantry-v2") && cmd.contains(&needle)).then_some(pid)
+        .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+}
+
+/// Every process with its argv (kernel threads and zombies, which have none, left out).
+pub fn processes() -> Vec<(i32, Vec<String>)> {
+    pids()
+        .filter_map(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args = cmd.strip_suffix(&[0]).unwrap_or(&cmd);
+            (!args.is_empty()).then(|| {
+                let argv = args.split(|b| *b == 0).map(|s| String::from_utf8_lossy(s).into_owned());
+                (pid, argv.collect())
+            })
         })
         .collect()
 }
@@ -528,17 +533,24 @@ pub fn crio_start_cmd(ns: &Ns, bundle: &Path, id: &str) -> Command {
 /// namespace "default", so the bundle is what tells them apart).
 pub fn daemons_in(bundle: &Path) -> Vec<i32> {
     let want = bundle.canonicalize().unwrap_or_else(|_| bundle.to_path_buf());
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
-            let exe = std::fs::read_link(e.path().join("exe")).ok()?;
-            let cwd = std::fs::read_link(e.path().join("cwd")).ok()?;
-            (exe.to_string_lossy().contains("containerd-shim-gantry-v2") && cwd == want).then_some(pid)
+    pids()
+        .filter(|pid| {
+            let link = |name: &str| std::fs::read_link(format!("/proc/{pid}/{name}")).ok();
+            let shim = link("exe").is_some_and(|exe| exe.to_string_lossy().contains("containerd-shim-gantry-v2"));
+            shim && link("cwd").as_ref() == Some(&want)
         })
         .collect()
+}
+
+/// Builds a busybox image named `name` into `dir` with scripts/busybox-image.sh (`entrypoint`
+/// as its command when given).
+pub fn busybox_image(dir: &Path, name: &str, entrypoint: &[&str]) {
+    let o = run(Command::new("bash")
+        .arg(repo().join("scripts/busybox-image.sh"))
+        .arg(dir)
+        .arg(name)
+        .args(entrypoint));
+    assert!(o.status.success(), "image {name}: {}", text(&o));
 }
 
 /// A ttrpc Task client on a daemon's address.
@@ -618,28 +630,15 @@ pub fn crio_create_req(b: &CrioBundle) -> containerd_shim_protos::api::CreateTas
 
 /// SIGKILL, Wait, Delete and Shutdown of one container, as CRI-O tears it down.
 pub async fn crio_kill_and_remove(client: &containerd_shim_protos::shim_async::TaskClient, id: &str) {
-    use containerd_shim_protos::api::{KillRequest, WaitRequest};
-    let kill = KillRequest {
-        id: id.to_string(),
-        signal: 9,
-        ..Default::default()
-    };
-    client.kill(ctx(), &kill).await.unwrap();
-    let wait = WaitRequest {
-        id: id.to_string(),
-        ..Default::default()
-    };
-    client.wait(ctx(), &wait).await.unwrap();
+    let t = task::task(client, id);
+    t.kill(9).await.unwrap();
+    t.wait().await.unwrap();
     crio_remove(client, id).await;
 }
 
 /// Shutdown as CRI-O sends it after a container's Delete.
 pub async fn shutdown(client: &containerd_shim_protos::shim_async::TaskClient, id: &str) {
-    let req = containerd_shim_protos::api::ShutdownRequest {
-        id: id.to_string(),
-        ..Default::default()
-    };
-    client.shutdown(ctx(), &req).await.unwrap();
+    task::task(client, id).shutdown().await.unwrap();
 }
 
 /// Delete and Shutdown of one exited container, as CRI-O removes it; Delete's answer.
@@ -647,17 +646,9 @@ pub async fn crio_remove(
     client: &containerd_shim_protos::shim_async::TaskClient,
     id: &str,
 ) -> containerd_shim_protos::api::DeleteResponse {
-    use containerd_shim_protos::api::{DeleteRequest, ShutdownRequest};
-    let delete = DeleteRequest {
-        id: id.to_string(),
-        ..Default::default()
-    };
-    let deleted = client.delete(ctx(), &delete).await.unwrap();
-    let shutdown = ShutdownRequest {
-        id: id.to_string(),
-        ..Default::default()
-    };
-    client.shutdown(ctx(), &shutdown).await.unwrap();
+    let t = task::task(client, id);
+    let deleted = t.delete().await.unwrap();
+    t.shutdown().await.unwrap();
     deleted
 }
 
