@@ -217,6 +217,8 @@ fn writer_process() {
 /// file full; every line is found whole, exactly once.
 #[test]
 fn separate_processes_rotating_lose_no_line() {
+    // The reaper's tests wait for any child: they must not take these writers' exits.
+    let _children = crate::sys::test_children_lock();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("events.jsonl");
     let (writers, per_writer) = (3u64, 3000u64);
