@@ -146,11 +146,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let procs = dir.path().join("cgroup.procs");
         state(|s| s.procs = Some(Some(procs.clone())));
+        // A helper that another test started before may still write the real `cgroup.procs`;
+        // every helper started from here on writes the stand-in.
+        eventually("an earlier helper ends", || !state(|s| s.running));
 
         let held = hold();
         let first = state(|s| s.writes);
         eventually("three warm-up writes", || state(|s| s.writes) >= first + 3);
-        assert_eq!(std::fs::read_to_string(&procs).unwrap(), std::process::id().to_string());
+        // Polled: each write truncates the file first, so one read may see it empty.
+        let pid = std::process::id().to_string();
+        eventually("the daemon's pid written", || {
+            std::fs::read_to_string(&procs).is_ok_and(|t| t == pid)
+        });
         drop(held);
         // Other tests of this binary hold it too; each of them ends.
         eventually("the helper stops once nothing holds it", || !state(|s| s.running));
