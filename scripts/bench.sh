@@ -71,13 +71,6 @@ RUNTIMES=(runc crun)
 KINDS=(go gantry)
 
 scripts/deps.sh
-# This project's VMs run a hybrid cgroup layout whose unified hierarchy holds only hugetlb;
-# crun refuses that layout until hugetlb is bound to a v1 hierarchy. (Left bound afterwards:
-# it is host setup, like the packages deps.sh installs, and other users may rely on it.)
-if [ -d /sys/fs/cgroup/unified ] && [ ! -e /sys/fs/cgroup/hugetlb/tasks ]; then
-  mkdir -p /sys/fs/cgroup/hugetlb
-  mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb
-fi
 
 echo "== building gantry and the shim driver (release)"
 cargo build --release --quiet

@@ -3,7 +3,8 @@
 # already there: containerd 1.6, runc, crun, criu, busybox-static, protoc (for the CRI test
 # client), script (tty tests), libseccomp-dev, promtool (Debian's prometheus package: the
 # metrics tests check the exporter's output with `promtool check metrics`), systemd (a manager
-# the systemd-driver sandbox test starts; it does not become PID 1).
+# the systemd-driver sandbox test starts; it does not become PID 1); and on a hybrid cgroup
+# host binds hugetlb to a v1 hierarchy, which crun needs.
 set -euo pipefail
 
 need=()
@@ -35,4 +36,11 @@ fi
 if ! command -v cargo >/dev/null 2>&1; then
   echo "deps: cargo not found; install a Rust toolchain (rustup) first" >&2
   exit 1
+fi
+# This project's VMs run a hybrid cgroup layout whose unified hierarchy holds only hugetlb;
+# crun refuses that layout until hugetlb is bound to a v1 hierarchy. (Left bound afterwards:
+# it is host setup, like the packages above, and other users may rely on it.)
+if [ -d /sys/fs/cgroup/unified ] && [ ! -e /sys/fs/cgroup/hugetlb/tasks ]; then
+  mkdir -p /sys/fs/cgroup/hugetlb 2>/dev/null || true
+  mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb 2>/dev/null || true
 fi

@@ -27,10 +27,6 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 scripts/deps.sh
-if [ -d /sys/fs/cgroup/unified ] && [ ! -e /sys/fs/cgroup/hugetlb/tasks ]; then
-  mkdir -p /sys/fs/cgroup/hugetlb
-  mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb
-fi
 
 echo "== building gantry and the soak driver (release)"
 cargo build --release --quiet

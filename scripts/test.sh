@@ -31,12 +31,7 @@ summary() {
 
 host_suite() {
   scripts/deps.sh
-  # This project's VMs run a hybrid cgroup layout whose unified hierarchy holds only hugetlb;
-  # crun refuses that layout until hugetlb is bound to a v1 hierarchy.
-  if [ -d /sys/fs/cgroup/unified ] && [ ! -e /sys/fs/cgroup/hugetlb/tasks ]; then
-    mkdir -p /sys/fs/cgroup/hugetlb 2>/dev/null || true
-    mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb 2>/dev/null || true
-  fi
+  # (deps.sh also binds hugetlb to a v1 hierarchy on a hybrid host, for crun.)
   # --no-fail-fast: one failing test binary must not hide the results of the others.
   cargo test --no-fail-fast --all-targets "$@"
 }
