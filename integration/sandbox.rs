@@ -524,6 +524,12 @@ async fn fast_path_sandbox_lifecycle_and_pod_members() {
         seen.starts_with("/pause"),
         "pid 1 seen from the app container: {seen:?}"
     );
+    // The blocking-pool threads that ran both Creates left no glibc arena of their own behind
+    // (the daemon keeps one arena: a thread's would stay resident for the pod's life).
+    let daemon = crate::common::daemons_in(&pause.dir)[0];
+    let maps = std::fs::read_to_string(format!("/proc/{daemon}/maps")).unwrap();
+    let arenas = thread_arenas(&maps);
+    assert!(arenas.is_empty(), "daemon {daemon} has thread arenas: {arenas:?}");
 
     // Exec into the sandbox itself is refused, with the reason.
     let into_pause = ExecProcessRequest {
@@ -549,6 +555,32 @@ async fn fast_path_sandbox_lifecycle_and_pod_members() {
     crio_remove(&client, "pl1").await;
     drop(pinned);
     assert_clean(env, &ns);
+}
+
+/// glibc's per-thread malloc arenas in a maps listing: an anonymous read-write heap at a
+/// 64 MiB boundary, the rest of its 64 MiB reserved inaccessible right after it.
+fn thread_arenas(maps: &str) -> Vec<&str> {
+    const ARENA: u64 = 64 << 20;
+    let range = |l: &str| {
+        let r = l.split_whitespace().next()?;
+        let (a, b) = r.split_once('-')?;
+        Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?))
+    };
+    let anonymous = |l: &str, perms: &str| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() == 5 && f[1] == perms && f[4] == "0"
+    };
+    let lines: Vec<&str> = maps.lines().collect();
+    lines
+        .windows(2)
+        .filter(|w| {
+            let (Some((start, _)), Some((_, reserved_end))) = (range(w[0]), range(w[1])) else {
+                return false;
+            };
+            start % ARENA == 0 && reserved_end == start + ARENA && anonymous(w[0], "rw-p") && anonymous(w[1], "---p")
+        })
+        .map(|w| w[0])
+        .collect()
 }
 
 /// What the fast path does not handle goes to runc (a `cgroup` mount here, as in runc's own

@@ -50,6 +50,7 @@ pub fn serve(flags: &Flags, config: Config) -> Result<(), DaemonError> {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
+    crate::sys::one_malloc_arena();
     crate::cgroups::warm::set_enabled(config.runtime.cgroup_warmup);
     crate::sandbox::warm_for_systemd_scopes(&config);
     let bundle = bundle_dir(flags);
