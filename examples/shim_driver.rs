@@ -31,6 +31,12 @@
 //!
 //! `--keep-logs` saves each shim's log FIFO output as `WORKDIR/ID.log`.
 //!
+//! `--engine crio` starts every shim as CRI-O does instead (`-address ""`, empty `TTRPC_ADDRESS`
+//! and `GRPC_ADDRESS`: no event publisher) and marks a pod's containers with CRI-O's
+//! annotations (all of those CRI-O 1.37 writes, `io.kubernetes.cri-o.ContainerType` among them),
+//! its resources and OOM score, and, as CRI-O's `runtime_config_path` does, the first
+//! `--config`'s path in Create's runtime options (`runtimeoptions.v1.Options`).
+//!
 //! `--systemd-slice SLICE` gives each container the systemd driver's `cgroupsPath`,
 //! `SLICE:drv:<id>` (the shims' own configuration must select that driver).
 //!
@@ -77,6 +83,8 @@ struct Args {
     configs: Vec<(String, PathBuf)>,
     /// systemd cgroup driver: `cgroupsPath` is `SLICE:drv:<id>` instead of `/<ns>/<id>`.
     systemd_slice: Option<String>,
+    /// `--engine crio`: CRI-O's `start` environment and annotations.
+    crio: bool,
 }
 
 fn usage() -> ! {
@@ -84,7 +92,8 @@ fn usage() -> ! {
         "usage: shim_driver --shim NAME=PATH [--shim NAME=PATH ...] --rootfs DIR --workdir DIR \
          --address SOCK --ttrpc-address SOCK [--namespace NS] [--runs N] [--warmup N] \
          [--runtime-binary NAME] [--publish-binary PATH] [--summary FILE] [--runtime-floor] [--keep-logs] \
-         [--pod PAUSE_ROOTFS] [--config NAME=GANTRY_CONFIG] [--systemd-slice SLICE]"
+         [--pod PAUSE_ROOTFS] [--config NAME=GANTRY_CONFIG] [--systemd-slice SLICE] \
+         [--engine containerd|crio]"
     );
     std::process::exit(2)
 }
@@ -107,6 +116,7 @@ fn parse_args() -> Result<Args> {
         pod: None,
         configs: Vec::new(),
         systemd_slice: None,
+        crio: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -139,6 +149,11 @@ fn parse_args() -> Result<Args> {
             "--summary" => a.summary = Some(PathBuf::from(v)),
             "--pod" => a.pod = Some(PathBuf::from(v)),
             "--systemd-slice" => a.systemd_slice = Some(v),
+            "--engine" => match v.as_str() {
+                "crio" => a.crio = true,
+                "containerd" => a.crio = false,
+                _ => bail!("--engine crio|containerd"),
+            },
             "--config" => {
                 let (n, p) = v.split_once('=').ok_or_else(|| anyhow!("--config wants NAME=PATH"))?;
                 a.configs.push((n.to_string(), PathBuf::from(p)));
@@ -400,22 +415,27 @@ impl Driver {
     fn start_cmd(&self, name: &str, shim: &Path, id: &str, bundle: &Path) -> Result<(String, Duration)> {
         let a = &self.args;
         let mut cmd = Command::new(shim);
-        if let Some((_, config)) = a.configs.iter().find(|(n, _)| n == name) {
+        if let Some((_, config)) = a.configs.iter().find(|(n, _)| n == name).filter(|_| !a.crio) {
             cmd.env("GANTRY_CONFIG", config);
         }
-        cmd.args(["-namespace", &a.namespace, "-address", &a.address])
+        let (address, ttrpc_address) = match a.crio {
+            true => ("", ""),
+            false => (a.address.as_str(), a.ttrpc_address.as_str()),
+        };
+        cmd.args(["-namespace", &a.namespace, "-address", address])
             .args(["-publish-binary", &a.publish_binary, "-id", id, "start"])
             .current_dir(bundle)
-            .env("TTRPC_ADDRESS", &a.ttrpc_address)
-            .env("GRPC_ADDRESS", &a.address)
+            .env("TTRPC_ADDRESS", ttrpc_address)
+            .env("GRPC_ADDRESS", address)
             .env("NAMESPACE", &a.namespace)
             .env("MAX_SHIM_VERSION", "2")
             .env("GOMAXPROCS", "2")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // CRI-O sends its options with Create only; containerd also on `start`'s stdin.
         let opts = match &self.options {
-            Some(any) => Some(any.write_to_bytes()?),
-            None => None,
+            Some(any) if !a.crio => Some(any.write_to_bytes()?),
+            _ => None,
         };
         cmd.stdin(if opts.is_some() { Stdio::piped() } else { Stdio::null() });
         let mut child = cmd.spawn().with_context(|| format!("spawn {}", shim.display()))?;
@@ -507,11 +527,21 @@ impl Driver {
     /// through the same daemon, as CRI-O and containerd's CRI start a pod; then torn down.
     async fn pod(&'static self, name: &str, shim: &Path, id: &str, daemon_slot: &mut Option<i32>) -> Result<Sample> {
         let pause_rootfs = self.args.pod.clone().unwrap_or_default();
+        let crio = self.args.crio;
         let annotate = |spec: &mut Value, kind: &str| {
-            spec["annotations"] = json!({
-                "io.kubernetes.cri.container-type": kind,
-                "io.kubernetes.cri.sandbox-id": id,
-            });
+            spec["annotations"] = match crio {
+                true => crio_annotations(id, kind),
+                false => json!({
+                    "io.kubernetes.cri.container-type": kind,
+                    "io.kubernetes.cri.sandbox-id": id,
+                }),
+            };
+            if crio {
+                // What CRI-O's specs carry beyond `runc spec`'s: a BestEffort pod's CPU resources
+                // and the OOM score CRI-O sets.
+                spec["process"]["oomScoreAdj"] = 0.into();
+                spec["linux"]["resources"]["cpu"] = json!({"shares": 2, "quota": 0, "period": 100000});
+            }
         };
         let sandbox = self.bundle_with(id, |spec| {
             spec["process"]["args"] = json!(["/pause"]);
@@ -716,6 +746,65 @@ impl Driver {
 }
 
 /// Nearest-rank percentile of sorted values.
+/// The annotations CRI-O 1.37 puts on a pod's specs (names as CRI-O writes them; values shaped
+/// like its, some of them JSON), so that the daemon parses what it parses under CRI-O.
+fn crio_annotations(sandbox: &str, kind: &str) -> Value {
+    let mut a = serde_json::Map::new();
+    let cri_o = |k: &str| format!("io.kubernetes.cri-o.{k}");
+    for (k, v) in [
+        ("ContainerType", kind.to_string()),
+        ("SandboxID", sandbox.to_string()),
+        ("ContainerID", sandbox.to_string()),
+        ("ContainerName", format!("k8s_POD_{sandbox}_default_uid_0")),
+        ("Created", "2026-01-01T00:00:00.000000000Z".into()),
+        ("HostName", sandbox.into()),
+        ("HostnamePath", format!("/run/containers/storage/{sandbox}/hostname")),
+        ("KubeName", sandbox.into()),
+        (
+            "Labels",
+            format!(r#"{{"io.kubernetes.pod.name":"{sandbox}","io.kubernetes.pod.namespace":"default"}}"#),
+        ),
+        ("LogPath", format!("/var/log/pods/{sandbox}/{sandbox}.log")),
+        (
+            "Metadata",
+            format!(r#"{{"name":"{sandbox}","uid":"uid","namespace":"default"}}"#),
+        ),
+        (
+            "MountPoint",
+            format!("/var/lib/containers/storage/overlay/{sandbox}/merged"),
+        ),
+        ("Name", format!("k8s_{sandbox}_default_uid_0")),
+        ("Namespace", "default".into()),
+        ("NamespaceOptions", r#"{"pid":1}"#.into()),
+        ("PortMappings", "[]".into()),
+        ("PrivilegedRuntime", "false".into()),
+        ("ResolvPath", format!("/run/containers/storage/{sandbox}/resolv.conf")),
+        ("RuntimeHandler", "gantry".into()),
+        ("SandboxName", format!("k8s_{sandbox}_default_uid_0")),
+        ("SeccompProfilePath", "".into()),
+        ("ShmPath", format!("/run/containers/storage/{sandbox}/shm")),
+        ("CgroupParent", "/kubepods/besteffort/poduid".into()),
+        ("Annotations", "{}".into()),
+        (
+            "CNIResult",
+            r#"{"cniVersion":"1.1.0","interfaces":[{"name":"lo"}],"ips":[]}"#.into(),
+        ),
+    ] {
+        a.insert(cri_o(k), v.into());
+    }
+    for (k, v) in [
+        ("io.kubernetes.container.name", "POD"),
+        ("io.kubernetes.pod.name", sandbox),
+        ("io.kubernetes.pod.namespace", "default"),
+        ("io.kubernetes.pod.uid", "uid"),
+        ("kubernetes.io/config.seen", "2026-01-01T00:00:00.000000000Z"),
+        ("kubernetes.io/config.source", "api"),
+    ] {
+        a.insert(k.into(), v.into());
+    }
+    Value::Object(a)
+}
+
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -746,15 +835,33 @@ fn main() -> Result<()> {
     }
     std::fs::create_dir_all(&args.workdir)?;
     let spec = spec_template(&args.workdir)?;
-    let options = args.runtime_binary.as_ref().map(|b| {
-        let o = RuncOptions {
-            binary_name: b.clone(),
-            ..Default::default()
-        };
+    let crio_options = args.configs.first().filter(|_| args.crio).map(|(_, path)| {
+        // runtimeoptions.v1.Options{config_path}: field 2, a string.
+        let p = path.to_string_lossy().into_owned().into_bytes();
+        let mut value = vec![0x12];
+        let mut n = p.len();
+        while n >= 0x80 {
+            value.push((n as u8 & 0x7f) | 0x80);
+            n >>= 7;
+        }
+        value.push(n as u8);
+        value.extend_from_slice(&p);
         let mut any = containerd_shim_protos::protobuf::well_known_types::any::Any::new();
-        any.type_url = "containerd.runc.v1.Options".into();
-        any.value = o.write_to_bytes().unwrap();
+        any.type_url = "runtimeoptions.v1.Options".into();
+        any.value = value;
         any
+    });
+    let options = crio_options.or_else(|| {
+        args.runtime_binary.as_ref().map(|b| {
+            let o = RuncOptions {
+                binary_name: b.clone(),
+                ..Default::default()
+            };
+            let mut any = containerd_shim_protos::protobuf::well_known_types::any::Any::new();
+            any.type_url = "containerd.runc.v1.Options".into();
+            any.value = o.write_to_bytes().unwrap();
+            any
+        })
     });
     let driver: &'static Driver = Box::leak(Box::new(Driver { args, spec, options }));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -10,8 +10,13 @@
 # How: builds the release binary without the list (the release profile keeps symbols; install.sh
 # strips what it installs, so names here are exactly the shipped build's), starts a private containerd,
 # runs containers through gantry with runc and crun (run, exec, metrics, pause/resume, kill,
-# delete, failing create) while valgrind's callgrind follows `start` into the daemon, and
-# collects every function executed. Names are the linker's (mangled): rerun after dependency
+# delete, failing create) and, through examples/shim_driver.rs, pods started as CRI-O starts
+# them (sandbox fast path, no event publisher), while valgrind's callgrind follows `start` into
+# the daemon, and collects every function executed. The daemon's functions come first (the
+# pages a pod's daemon keeps mapped for its whole life), then those only `start` runs, then
+# those only the mount helper runs: code a daemon never runs stays out of its pages.
+# `sandbox-init` is not traced (under valgrind it may not raise a container's rlimits): its
+# code stays out of the ordered block altogether. Names are the linker's (mangled): rerun after dependency
 # or toolchain updates; a stale list only orders less, it never breaks a build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +29,10 @@ command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq
 
 echo "== release build without the list"
 GANTRY_SYMBOL_ORDER=off cargo build --release --quiet --bin containerd-shim-gantry-v2
+# Apart: built together, the example's dev-dependency features (tokio's) would be unified into
+# the binary's build, and every mangled name's hash would differ from the shipped build's.
+cargo build --release --quiet --example shim_driver
+driver="$repo/target/$(rustc -vV | sed -n 's/^host: //p')/release/examples/shim_driver"
 bin="$repo/target/$(rustc -vV | sed -n 's/^host: //p')/release/containerd-shim-gantry-v2"
 
 work=$(mktemp -d /tmp/gantry-order.XXXXXX)
@@ -46,7 +55,7 @@ trap cleanup EXIT
 mkdir -p "$work/bin" "$work/cg"
 cat >"$work/bin/containerd-shim-gantry-v2" <<SH
 #!/bin/sh
-exec valgrind -q --log-file=$work/vg.%p.log --vgdb=no --tool=callgrind --trace-children=yes --trace-children-skip='*runc*,*crun*' \\
+exec valgrind -q --log-file=$work/vg.%p.log --vgdb=no --tool=callgrind --trace-children=yes --trace-children-skip='*runc*,*crun*' --trace-children-skip-by-arg=sandbox-init \\
   --demangle=no --compress-strings=no --compress-pos=no --callgrind-out-file=$work/cg/cg.%p \\
   $bin "\$@"
 SH
@@ -82,16 +91,33 @@ for rt in runc crun; do
   c run --rm "${opts[@]}" $img "bad-$rt" /no/such/binary >/dev/null 2>&1 || true
 done
 c containers ls -q | while read -r id; do c tasks rm -f "$id" >/dev/null 2>&1 || true; c containers rm "$id" 2>/dev/null || true; done
+
+echo "== CRI-O-style pods under callgrind (shim_driver --pod --engine crio)"
+scripts/busybox-image.sh "$work/pause" docker.io/gantry/pause:latest /pause >/dev/null
+for rt in runc crun; do
+  GANTRY_SELF_EXE="$bin" "$driver" --shim "gantry=$work/bin/containerd-shim-gantry-v2" \
+    --config "gantry=$work/$rt.toml" --engine crio --pod "$work/pause/rootfs" \
+    --rootfs "$work/image/rootfs" --workdir "$work/pod-$rt" --address "$sock" \
+    --ttrpc-address "$sock.ttrpc" --namespace "$ns-pod" --runs 2 --warmup 0 >/dev/null
+done
 for _ in $(seq 100); do pgrep -f "valgrind.*$work" >/dev/null || break; sleep 0.2; done
 
 echo "== writing link/symbol-order.txt"
 mkdir -p "$repo/link"
-# Every function with a cost line, hottest first (by instructions, summed over all runs).
-awk '/^fn=/ { fn = substr($0, 4); sub(/\047[0-9]+$/, "", fn); next }
+# Every function with a cost line, by role (the daemon, then `start`, then the helpers), hottest
+# first within a role (by instructions, summed over that role's processes). A process is a
+# helper by its command line, and the daemon when it ran the daemon's serve loop (its file
+# then holds what `start` ran before forking it too: those pages are the daemon's as well).
+for f in "$work"/cg/cg.*; do
+  if grep -q '^cmd:.* mount-helper' "$f"; then role=3
+  elif grep -q -e '^fn=.*6daemon5serve' -e '^fn=.*6daemon3run' "$f"; then role=1
+  else role=2; fi
+  awk -v role=$role '/^fn=/ { fn = substr($0, 4); sub(/\047[0-9]+$/, "", fn); next }
      /^[0-9+-]/ && fn != "" { n = split($0, f, " "); if (n >= 2) cost[fn] += f[2] }
      /^(cfn|cfi|cob|calls)=/ { next }
-     END { for (k in cost) print cost[k], k }' "$work"/cg/cg.* |
-  sort -k1,1nr -k2 | awk '{print $2}' | grep -v -e '^0x' -e '^(' >"$repo/link/symbol-order.txt"
+     END { for (k in cost) print role, cost[k], k }' "$f"
+done | awk '{ k = $1 " " $3; c[k] += $2 } END { for (k in c) { split(k, p, " "); print p[1], c[k], p[2] } }' |
+  sort -k1,1n -k2,2gr -k3 | awk '!seen[$3]++ { print $3 }' | grep -v -e '^0x' -e '^(' >"$repo/link/symbol-order.txt"
 echo "$(wc -l <"$repo/link/symbol-order.txt") functions from $(ls "$work"/cg | wc -l) processes"
 echo "== relinking with the list"
 cargo build --release --quiet --bin containerd-shim-gantry-v2
