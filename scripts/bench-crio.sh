@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Pod start through a real CRI-O: its default handler (conmon + runc, infra container dropped)
-# against gantry (runtime_type "vm", sandbox fast path on), pods interleaved handler by handler
-# so machine noise hits both alike. Every number printed comes from this run.
+# Pod start and per-pod memory through a real CRI-O: its default handler (conmon + runc, infra
+# container dropped) against gantry (runtime_type "vm", sandbox fast path on), pods interleaved
+# handler by handler so machine noise hits both alike. Every number printed comes from this run.
 #
-#   scripts/bench-crio.sh --crio BIN --crictl BIN --pinns BIN [--pods N] [--keep]
+#   scripts/bench-crio.sh --crio BIN --crictl BIN --pinns BIN [--pods N] [--mem-pods M] [--keep]
 #                         [--cgroup-manager cgroupfs|systemd]
+#
+# Memory: M pods per handler (default 10) run at once, first with one app container each, then
+# with three; with all of them running, the PSS, RSS and anonymous memory of every process that
+# serves them (gantry's daemons; CRI-O's conmons) is read from /proc/PID/smaps_rollup and summed
+# per pod (scripts/pod-memory.py). `--pods 0` skips the latency part, `--mem-pods 0` this one.
 #
 # CRI-O is not in this project's package sources, so the binaries are given (built from CRI-O's
 # and cri-tools' release tags, say); conmon, runc, skopeo and the CNI loopback plugin come from
@@ -33,7 +38,7 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 export LC_ALL=C
 
-crio='' crictl='' pinns='' pods=30 keep=0 cgm=cgroupfs
+crio='' crictl='' pinns='' pods=30 mem_pods=10 keep=0 cgm=cgroupfs
 args=("$@")
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -42,8 +47,9 @@ while [ $# -gt 0 ]; do
     --crictl) crictl=${2:?}; shift ;;
     --pinns) pinns=${2:?}; shift ;;
     --pods) pods=${2:?}; shift ;;
+    --mem-pods) mem_pods=${2:?}; shift ;;
     --keep) keep=1 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-crio.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -172,24 +178,28 @@ scripts/busybox-image.sh "$work/img/busybox" localhost/gantry/busybox:latest >/d
 skopeo copy -q "oci-archive:$work/img/pause/image.tar" "containers-storage:[$storage]localhost/gantry/pause:latest"
 skopeo copy -q "oci-archive:$work/img/busybox/image.tar" "containers-storage:[$storage]localhost/gantry/busybox:latest"
 
-echo "== CRI-O $("$crio" --version 2>/dev/null | sed -n 's/^Version: *//p')"
+echo "== CRI-O $("$crio" --version 2>/dev/null | sed -n 's/^crio version //p;s/^Version: *//p')"
 "$crio" --config "$work/crio.conf" --log-level info >"$work/crio.log" 2>&1 &
 crio_pid=$!
-C=("$crictl" -r "unix://$sock" -i "unix://$sock" -t 30s)
+: >"$work/crictl.yaml" # crictl warns on every call without one
+C=("$crictl" --config "$work/crictl.yaml" -r "unix://$sock" -i "unix://$sock" -t 30s)
 for _ in $(seq 100); do "${C[@]}" version >/dev/null 2>&1 && break; sleep 0.1; done
 
 cat >"$work/ctr.json" <<'JSON'
 {"metadata":{"name":"c"},"image":{"image":"localhost/gantry/busybox:latest"},"command":["sleep","3600"],"log_path":"c.log","linux":{"security_context":{"namespace_options":{"pid":1}}}}
 JSON
 ms() { echo $(( ($2 - $1) / 1000 )); }
-one_pod() { # HANDLER INDEX -> appends "handler runp create start total" (µs) to times
-  local h=$1 i=$2 t0 t1 t2 t3 p c
+pod_json() { # HANDLER NAME -> $work/pod.json
   # kubelet's parent for a BestEffort pod: a path (cgroupfs) or a slice (systemd, the uid's
   # dashes as underscores).
-  local parent="/kubepods/besteffort/podu-$h-$i"
-  [ "$cgm" = systemd ] && parent="kubepods-besteffort-podu_${h}_$i.slice"
+  local parent="/kubepods/besteffort/podu-$1-$2"
+  [ "$cgm" = systemd ] && parent="kubepods-besteffort-podu_${1}_$2.slice"
   printf '{"metadata":{"name":"p-%s-%s","namespace":"default","uid":"u-%s-%s"},"log_directory":"%s","linux":{"cgroup_parent":"%s","security_context":{"namespace_options":{"pid":1}}}}' \
-    "$h" "$i" "$h" "$i" "$work/logs" "$parent" >"$work/pod.json"
+    "$1" "$2" "$1" "$2" "$work/logs" "$parent" >"$work/pod.json"
+}
+one_pod() { # HANDLER INDEX -> appends "handler runp create start total" (µs) to times
+  local h=$1 i=$2 t0 t1 t2 t3 p c
+  pod_json "$h" "$i"
   t0=$(date +%s%N); p=$("${C[@]}" runp --runtime "$h" "$work/pod.json")
   t1=$(date +%s%N); c=$("${C[@]}" create "$p" "$work/ctr.json" "$work/pod.json")
   t2=$(date +%s%N); "${C[@]}" start "$c" >/dev/null
@@ -205,7 +215,7 @@ for i in $(seq 1 "$pods"); do one_pod runc "$i"; one_pod gantry "$i"; done
 taken=$(grep -c '"oci_runtime":"gantry-sandbox-init"' "$work/crio.log" || true)
 fallback=$(grep -c 'sandbox fast path not taken' "$work/crio.log" || true)
 
-python3 - "$work/times" "$work/crio.log" "$taken" "$fallback" "$cgm" <<'PY'
+[ "$pods" -eq 0 ] || python3 - "$work/times" "$work/crio.log" "$taken" "$fallback" "$cgm" <<'PY'
 import datetime, re, statistics, sys
 times, log, taken, fallback, cgm = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 rows = [l.split() for l in open(times)]
@@ -231,3 +241,23 @@ if runp['runc'] and runp['gantry']:
     a, b = statistics.median(runp['runc']), statistics.median(runp['gantry'])
     print(f"{'runp (CRI-O)':<18}{a:>12.1f}{b:>10.1f}{b / a:>8.2f}")
 PY
+
+[ "$mem_pods" -gt 0 ] || exit 0
+mem_pod() { # HANDLER NAME CONTAINERS: a pod left running with CONTAINERS busybox containers
+  local p j
+  pod_json "$1" "$2"
+  p=$("${C[@]}" runp --runtime "$1" "$work/pod.json")
+  for j in $(seq 1 "$3"); do
+    sed "s/\"name\":\"c\"/\"name\":\"c$j\"/" "$work/ctr.json" >"$work/ctr-$j.json"
+    "${C[@]}" start "$("${C[@]}" create "$p" "$work/ctr-$j.json" "$work/pod.json")" >/dev/null
+  done
+}
+for k in 1 3; do
+  echo "== memory: $mem_pods pods per handler with $k app container(s) each, all running"
+  for i in $(seq 1 "$mem_pods"); do mem_pod runc "m$k-$i" "$k"; mem_pod gantry "m$k-$i" "$k"; done
+  # What a pod costs for its life, not in its first seconds: helper threads that end, end.
+  sleep "${GANTRY_BENCH_SETTLE:-12}"
+  python3 "$repo/scripts/pod-memory.py" --pods "$mem_pods" --containers "$k" \
+    "gantry=$shim" "conmon+runc=$(command -v conmon)"
+  "${C[@]}" rmp -fa >/dev/null
+done
