@@ -13,7 +13,8 @@
 # delete, failing create) and, through examples/shim_driver.rs, pods started as CRI-O starts
 # them (sandbox fast path, no event publisher), while valgrind's callgrind follows `start` into
 # the daemon, and collects every function executed. The daemon's functions come first (the
-# pages a pod's daemon keeps mapped for its whole life), then those only `start` runs, then
+# pages a pod's daemon keeps mapped for its whole life; those every daemon runs ahead of those
+# only one engine's path runs), then those only `start` runs, then
 # those only the mount helper runs: code a daemon never runs stays out of its pages.
 # `sandbox-init` is not traced (under valgrind it may not raise a container's rlimits): its
 # code stays out of the ordered block altogether. Names are the linker's (mangled): rerun after dependency
@@ -104,10 +105,11 @@ for _ in $(seq 100); do pgrep -f "valgrind.*$work" >/dev/null || break; sleep 0.
 
 echo "== writing link/symbol-order.txt"
 mkdir -p "$repo/link"
-# Every function with a cost line, by role (the daemon, then `start`, then the helpers), hottest
-# first within a role (by instructions, summed over that role's processes). A process is a
-# helper by its command line, and the daemon when it ran the daemon's serve loop (its file
-# then holds what `start` ran before forking it too: those pages are the daemon's as well).
+# Every function with a cost line, by role (the daemon, then `start`, then the helpers); within
+# a role, those more of its processes ran first (what every daemon runs, then what the daemons
+# of one engine's path run), hottest first among equals (instructions, summed). A process is a
+# helper by its command line, and the daemon when it ran the daemon's serve loop (its file then
+# holds what `start` ran before forking it too: those pages are the daemon's as well).
 for f in "$work"/cg/cg.*; do
   if grep -q '^cmd:.* mount-helper' "$f"; then role=3
   elif grep -q -e '^fn=.*6daemon5serve' -e '^fn=.*6daemon3run' "$f"; then role=1
@@ -116,8 +118,9 @@ for f in "$work"/cg/cg.*; do
      /^[0-9+-]/ && fn != "" { n = split($0, f, " "); if (n >= 2) cost[fn] += f[2] }
      /^(cfn|cfi|cob|calls)=/ { next }
      END { for (k in cost) print role, cost[k], k }' "$f"
-done | awk '{ k = $1 " " $3; c[k] += $2 } END { for (k in c) { split(k, p, " "); print p[1], c[k], p[2] } }' |
-  sort -k1,1n -k2,2gr -k3 | awk '!seen[$3]++ { print $3 }' | grep -v -e '^0x' -e '^(' >"$repo/link/symbol-order.txt"
+done | awk '{ k = $1 " " $3; c[k] += $2; n[k]++ }
+            END { for (k in c) { split(k, p, " "); print p[1], n[k], c[k], p[2] } }' |
+  sort -k1,1n -k2,2nr -k3,3gr -k4 | awk '!seen[$4]++ { print $4 }' | grep -v -e '^0x' -e '^(' >"$repo/link/symbol-order.txt"
 echo "$(wc -l <"$repo/link/symbol-order.txt") functions from $(ls "$work"/cg | wc -l) processes"
 echo "== relinking with the list"
 cargo build --release --quiet --bin containerd-shim-gantry-v2
