@@ -836,16 +836,12 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&args.workdir)?;
     let spec = spec_template(&args.workdir)?;
     let crio_options = args.configs.first().filter(|_| args.crio).map(|(_, path)| {
-        // runtimeoptions.v1.Options{config_path}: field 2, a string.
-        let p = path.to_string_lossy().into_owned().into_bytes();
-        let mut value = vec![0x12];
-        let mut n = p.len();
-        while n >= 0x80 {
-            value.push((n as u8 & 0x7f) | 0x80);
-            n >>= 7;
-        }
-        value.push(n as u8);
-        value.extend_from_slice(&p);
+        // runtimeoptions.v1.Options{config_path}: field 2, a string (no generated type in the tree).
+        let mut value = Vec::new();
+        let mut out = containerd_shim_protos::protobuf::CodedOutputStream::vec(&mut value);
+        out.write_string(2, &path.to_string_lossy()).unwrap();
+        out.flush().unwrap();
+        drop(out);
         let mut any = containerd_shim_protos::protobuf::well_known_types::any::Any::new();
         any.type_url = "runtimeoptions.v1.Options".into();
         any.value = value;
