@@ -326,15 +326,8 @@ impl OciRuntime {
     }
 
     pub async fn create(&self, id: &str, bundle: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError> {
-        let mut args: Vec<OsString> = vec!["create".into(), "--bundle".into(), bundle.into()];
-        args.extend(["--pid-file".into(), spawn.pid_file.into()]);
-        if let Some(sock) = spawn.console_socket {
-            args.extend(["--console-socket".into(), sock.into()]);
-        }
-        args.push(id.into());
-        // The runtime writes the new process into every hierarchy's cgroup.procs.
-        let _warm = crate::cgroups::warm::hold();
-        self.run(args, Some(spawn.stdio)).await.map(|_| ())
+        self.spawn(vec!["create".into(), "--bundle".into(), bundle.into()], id, spawn)
+            .await
     }
 
     pub async fn start(&self, id: &str) -> Result<(), RuntimeError> {
@@ -343,13 +336,23 @@ impl OciRuntime {
 
     /// Runs an extra process described by `process_json` (an OCI `Process`) in the container.
     pub async fn exec(&self, id: &str, process_json: &Path, spawn: Spawn<'_>) -> Result<(), RuntimeError> {
-        let mut args: Vec<OsString> = vec!["exec".into(), "--detach".into()];
-        args.extend(["--process".into(), process_json.into()]);
+        let args = vec![
+            "exec".into(),
+            "--detach".into(),
+            "--process".into(),
+            process_json.into(),
+        ];
+        self.spawn(args, id, spawn).await
+    }
+
+    /// `create` and `exec`: the calls that start a process, with its pid file and console.
+    async fn spawn(&self, mut args: Vec<OsString>, id: &str, spawn: Spawn<'_>) -> Result<(), RuntimeError> {
         args.extend(["--pid-file".into(), spawn.pid_file.into()]);
         if let Some(sock) = spawn.console_socket {
             args.extend(["--console-socket".into(), sock.into()]);
         }
         args.push(id.into());
+        // The runtime writes the new process into every hierarchy's cgroup.procs.
         let _warm = crate::cgroups::warm::hold();
         self.run(args, Some(spawn.stdio)).await.map(|_| ())
     }

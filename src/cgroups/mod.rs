@@ -393,6 +393,34 @@ fn parse_dev(s: &str) -> Option<(u64, u64)> {
     Some((maj.parse().ok()?, min.parse().ok()?))
 }
 
+/// The huge page sizes (`2MB`, `1GB`) a cgroup directory has files for, named by the file
+/// each size has in both versions (`hugetlb.<size>.<suffix>`), sorted; none when `dir` is
+/// unreadable (the controller is not there).
+fn hugetlb_sizes(dir: &Path, suffix: &str) -> Vec<String> {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut sizes: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let size = name.strip_prefix("hugetlb.")?.strip_suffix(suffix)?;
+            (!size.contains('.')).then(|| size.to_string())
+        })
+        .collect();
+    sizes.sort();
+    sizes
+}
+
+/// Writes cgroup files for a test: `(name, text)` under `dir`, created first.
+#[cfg(test)]
+fn write_files(dir: &Path, files: &[(&str, &str)]) {
+    fs::create_dir_all(dir).unwrap();
+    for (name, text) in files {
+        fs::write(dir.join(name), text).unwrap();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

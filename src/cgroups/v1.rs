@@ -318,19 +318,7 @@ fn device_name(major: u64, minor: u64) -> String {
 
 /// One entry per huge page size (`hugetlb.2MB.usage_in_bytes` ...).
 fn hugetlb(dir: &Path) -> Result<Vec<HugetlbStat>, CgroupError> {
-    let mut sizes: Vec<String> = match fs::read_dir(dir) {
-        Ok(rd) => rd
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let name = e.file_name().into_string().ok()?;
-                let size = name.strip_prefix("hugetlb.")?.strip_suffix(".usage_in_bytes")?;
-                (!size.contains('.')).then(|| size.to_string())
-            })
-            .collect(),
-        Err(_) => return Ok(Vec::new()),
-    };
-    sizes.sort();
-    sizes
+    super::hugetlb_sizes(dir, ".usage_in_bytes")
         .into_iter()
         .map(|size| {
             let file = |n: &str| dir.join(format!("hugetlb.{size}.{n}"));
@@ -351,12 +339,7 @@ mod tests {
     use crate::cgroups::ContainerCgroup;
     use protobuf::Message;
 
-    fn write(dir: &Path, files: &[(&str, &str)]) {
-        fs::create_dir_all(dir).unwrap();
-        for (name, text) in files {
-            fs::write(dir.join(name), text).unwrap();
-        }
-    }
+    use crate::cgroups::write_files as write;
 
     /// A hybrid-host layout: cpu and cpuacct co-mounted, the rest separate.
     fn fixture(root: &Path) -> V1Paths {

@@ -1,7 +1,6 @@
 //! cgroup v2 files to `io.containerd.cgroups.v2.Metrics`, as containerd's cgroup2 package fills
 //! them. CPU times stay in microseconds, the unit of cpu.stat; `max` limits become u64::MAX.
 
-use std::fs;
 use std::path::Path;
 
 use containerd_shim_protos::cgroups_v2::metrics::{
@@ -195,19 +194,7 @@ fn psi(path: &Path) -> Result<MessageField<PSIStats>, CgroupError> {
 /// One entry per huge page size (`hugetlb.2MB.current` ...); failcnt is the `max` count of
 /// `hugetlb.<size>.events`, the allocations refused at the limit.
 fn hugetlb(dir: &Path) -> Result<Vec<HugeTlbStat>, CgroupError> {
-    let Ok(rd) = fs::read_dir(dir) else {
-        return Ok(Vec::new());
-    };
-    let mut sizes: Vec<String> = rd
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let size = name.strip_prefix("hugetlb.")?.strip_suffix(".current")?;
-            (!size.contains('.')).then(|| size.to_string())
-        })
-        .collect();
-    sizes.sort();
-    sizes
+    super::hugetlb_sizes(dir, ".current")
         .into_iter()
         .map(|size| {
             let file = |n: &str| dir.join(format!("hugetlb.{size}.{n}"));
@@ -228,12 +215,7 @@ mod tests {
     use crate::cgroups::ContainerCgroup;
     use protobuf::Message;
 
-    fn write(dir: &Path, files: &[(&str, &str)]) {
-        fs::create_dir_all(dir).unwrap();
-        for (name, text) in files {
-            fs::write(dir.join(name), text).unwrap();
-        }
-    }
+    use crate::cgroups::write_files as write;
 
     /// A container cgroup as a 6.x kernel lays it out.
     fn fixture(dir: &Path) {

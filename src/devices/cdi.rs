@@ -357,6 +357,11 @@ mod tests {
         QualifiedName::parse(s).unwrap()
     }
 
+    /// A spec for one fake GPU whose hook and library no test runs.
+    fn one_gpu_spec(dir: &Path) -> std::path::PathBuf {
+        write_nvidia_cdi_spec(dir, Path::new("/dev"), 1, "/bin/true", vec![], Path::new("/lib/x")).unwrap()
+    }
+
     const YAML_SPEC: &str = r#"
 cdiVersion: "1.1.0"
 kind: example.com/accel
@@ -431,15 +436,7 @@ containerEdits:
     #[test]
     fn unknown_device_names_device_files_and_dirs() {
         let dir = tempfile::tempdir().unwrap();
-        let spec = write_nvidia_cdi_spec(
-            dir.path(),
-            Path::new("/dev"),
-            1,
-            "/bin/true",
-            vec![],
-            Path::new("/lib/x"),
-        )
-        .unwrap();
+        let spec = one_gpu_spec(dir.path());
         let other = dir.path().join("nowhere");
         let reg = Registry::load(&[other.clone(), dir.path().to_path_buf()]);
         let err = reg.lookup(&qn("nvidia.com/gpu=5")).unwrap_err();
@@ -493,15 +490,7 @@ containerEdits:
             reg.broken[2]
         );
 
-        write_nvidia_cdi_spec(
-            dir.path(),
-            Path::new("/dev"),
-            1,
-            "/bin/true",
-            vec![],
-            Path::new("/lib/x"),
-        )
-        .unwrap();
+        one_gpu_spec(dir.path());
         let reg = Registry::load(&[dir.path().to_path_buf()]);
         reg.lookup(&qn("nvidia.com/gpu=0")).unwrap();
     }

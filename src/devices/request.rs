@@ -219,18 +219,13 @@ pub fn explicit_requests(
 ) -> Result<Vec<Request>, DeviceError> {
     let mut out = Vec::new();
     for name in &cfg.default_devices {
-        let parsed = QualifiedName::parse(name).map_err(|reason| DeviceError::InvalidRequest {
-            request: name.clone(),
-            origin: Origin::Config.to_string(),
-            reason,
-        })?;
-        push_unique(
+        admit(
             &mut out,
-            Request {
-                name: parsed,
-                origin: Origin::Config,
-            },
-        );
+            name,
+            Origin::Config,
+            QualifiedName::parse(name),
+            (cfg, privileged),
+        )?;
     }
     if let Some(annotations) = annotations {
         let mut keys: Vec<&String> = annotations
@@ -242,14 +237,7 @@ pub fn explicit_requests(
             let value = annotations.get(key).map(String::as_str).unwrap_or_default();
             for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
                 let origin = Origin::Annotation(key.clone());
-                let name = QualifiedName::parse(item).map_err(|reason| DeviceError::InvalidRequest {
-                    request: item.to_string(),
-                    origin: origin.to_string(),
-                    reason,
-                })?;
-                let req = Request { name, origin };
-                check_policy(&req, cfg, privileged)?;
-                push_unique(&mut out, req);
+                admit(&mut out, item, origin, QualifiedName::parse(item), (cfg, privileged))?;
             }
         }
     }
@@ -268,17 +256,8 @@ pub fn env_requests(
     }
     let mut out = Vec::new();
     for item in visible.device_names() {
-        let name = QualifiedName::from_kind(&cfg.nvidia_kind, &item).map_err(|reason| DeviceError::InvalidRequest {
-            request: item.clone(),
-            origin: Origin::Env.to_string(),
-            reason,
-        })?;
-        let req = Request {
-            name,
-            origin: Origin::Env,
-        };
-        check_policy(&req, cfg, privileged)?;
-        push_unique(&mut out, req);
+        let name = QualifiedName::from_kind(&cfg.nvidia_kind, &item);
+        admit(&mut out, &item, Origin::Env, name, (cfg, privileged))?;
     }
     Ok(out)
 }
@@ -310,14 +289,8 @@ pub fn mount_requests(
             continue;
         };
         let origin = Origin::VolumeMount(dest.display().to_string());
-        let name = QualifiedName::from_kind(&cfg.nvidia_kind, item).map_err(|reason| DeviceError::InvalidRequest {
-            request: item.to_string(),
-            origin: origin.to_string(),
-            reason,
-        })?;
-        let req = Request { name, origin };
-        check_policy(&req, cfg, privileged)?;
-        push_unique(&mut out, req);
+        let name = QualifiedName::from_kind(&cfg.nvidia_kind, item);
+        admit(&mut out, item, origin, name, (cfg, privileged))?;
     }
     Ok(out)
 }
@@ -346,6 +319,26 @@ pub fn check_policy(req: &Request, cfg: &DeviceConfig, privileged: bool) -> Resu
             },
         });
     }
+    Ok(())
+}
+
+/// Adds the request `item` from `origin` once its name parsed (`name`) and the policy
+/// allows it; a name that did not parse is an error naming the item and where it came from.
+fn admit(
+    out: &mut Vec<Request>,
+    item: &str,
+    origin: Origin,
+    name: Result<QualifiedName, String>,
+    (cfg, privileged): (&DeviceConfig, bool),
+) -> Result<(), DeviceError> {
+    let name = name.map_err(|reason| DeviceError::InvalidRequest {
+        request: item.to_string(),
+        origin: origin.to_string(),
+        reason,
+    })?;
+    let req = Request { name, origin };
+    check_policy(&req, cfg, privileged)?;
+    push_unique(out, req);
     Ok(())
 }
 
