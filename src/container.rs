@@ -32,6 +32,11 @@ use error::invalid;
 pub use error::TaskError;
 pub use exec::StartedExec;
 
+/// How long a process's terminal output may still flow after its exit before the exit is
+/// published anyway: the runc shim's bound. A process that left a child holding the terminal
+/// would otherwise hold its exit back for as long as the child lives.
+pub const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
+
 /// Runs `f` on tokio's blocking pool: file reads, YAML and JSON parsing, libseccomp and cgroup
 /// reads that would otherwise hold up every other request on the reactor thread. Only work
 /// without side effects goes here: a Create cancelled while it runs just drops the result.
@@ -179,7 +184,9 @@ impl Container {
             }
         }
         self.exits.execs_done().await;
-        self.init.io().drain(Duration::from_secs(2)).await;
+        if !self.init.io().drain(OUTPUT_DRAIN).await {
+            warn!(self.log, "terminal output still flowing after the exit; the rest is dropped"; "bound_s" => OUTPUT_DRAIN.as_secs());
+        }
         if self.crio && self.oom_killed() && exit.status != 0 {
             // CRI-O learns of OOM kills only from this file, which must exist before Wait returns.
             if let Err(e) = files::write_atomic(&self.bundle.join("oom"), b"") {

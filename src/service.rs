@@ -285,7 +285,10 @@ impl TaskService {
             let _slot = slot;
             let Ok(exit) = exit.await else { return };
             let exec_id = p.exec_id.clone();
-            p.io().drain(std::time::Duration::from_secs(2)).await;
+            if !p.io().drain(crate::container::OUTPUT_DRAIN).await {
+                let bound = crate::container::OUTPUT_DRAIN.as_secs();
+                warn!(c.log(), "terminal output still flowing after the exit; the rest is dropped"; "exec_id" => &exec_id, "bound_s" => bound);
+            }
             let info = ExitInfo {
                 pid: exit.pid,
                 status: exit.status,

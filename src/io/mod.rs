@@ -415,14 +415,20 @@ impl ProcessIo {
     /// engine may still write to it (containerd's CRI forwards the EOF of a `crictl exec -it`
     /// whose own stdin ended). Closed here, such a write fails with EPIPE, and for a terminal
     /// containerd then closes the exec's stdout stream before reading what the process wrote.
-    pub async fn drain(&self, timeout: Duration) {
+    ///
+    /// Returns false when the bound ended the copy: a process that left a child holding the
+    /// terminal, or a client that stopped reading. The caller logs it, so an operator asking
+    /// where output went has an answer.
+    #[must_use = "a copy cut short loses output; log it"]
+    pub async fn drain(&self, timeout: Duration) -> bool {
         let output = self.output.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(c) = output {
-            let abort = c.abort_handle();
-            if tokio::time::timeout(timeout, c).await.is_err() {
-                abort.abort();
-            }
+        let Some(c) = output else { return true };
+        let abort = c.abort_handle();
+        if tokio::time::timeout(timeout, c).await.is_err() {
+            abort.abort();
+            return false;
         }
+        true
     }
 
     /// Releases every handle and stops a binary logger (Delete).
@@ -602,6 +608,14 @@ fn recv_fd(sock: RawFd) -> std::io::Result<OwnedFd> {
 mod tests {
     use super::*;
 
+    fn test_owner(reaper: &Reaper) -> Owner<'_> {
+        Owner {
+            id: "c",
+            namespace: "ns",
+            reaper,
+        }
+    }
+
     #[test]
     fn targets() {
         assert_eq!(parse_target("").unwrap(), Target::None);
@@ -733,12 +747,7 @@ mod tests {
             ..Default::default()
         };
         let reaper = Reaper::default();
-        let owner = Owner {
-            id: "c",
-            namespace: "ns",
-            reaper: &reaper,
-        };
-        let prep = prepare(&paths, dir.path(), &owner).await.unwrap();
+        let prep = prepare(&paths, dir.path(), &test_owner(&reaper)).await.unwrap();
         assert!(prep.stdio.stdout.is_some());
         assert_eq!(prep.io.keeper_count(), 1);
         // Writing works with no external reader: the shim's keeper absorbs SIGPIPE risk.
@@ -779,7 +788,7 @@ mod tests {
         let mut slave = File::from(pty.slave);
         std::io::Write::write_all(&mut slave, b"/dev/pts/0\n").unwrap();
         drop(slave);
-        io.drain(Duration::from_secs(30)).await;
+        assert!(io.drain(Duration::from_secs(30)).await);
 
         let mut got = Vec::new();
         let _ = std::io::Read::read_to_end(&mut client_out, &mut got);
@@ -816,7 +825,7 @@ mod tests {
         drop(pty.slave);
         // On the paused clock: waiting for the stdin copy would advance it to the timeout.
         let t0 = tokio::time::Instant::now();
-        io.drain(Duration::from_secs(5)).await;
+        assert!(io.drain(Duration::from_secs(5)).await);
         assert_eq!(t0.elapsed(), Duration::ZERO, "drain waited for the stdin copy");
     }
 
@@ -835,18 +844,13 @@ mod tests {
             ..Default::default()
         };
         let reaper = Reaper::default();
-        let owner = Owner {
-            id: "c",
-            namespace: "ns",
-            reaper: &reaper,
-        };
-        let prep = prepare(&paths, dir.path(), &owner).await.unwrap();
+        let prep = prepare(&paths, dir.path(), &test_owner(&reaper)).await.unwrap();
         let pty = nix::pty::openpty(None, None).unwrap();
         prep.io.attach_console(pty.master, &paths).unwrap();
         let mut slave = File::from(pty.slave);
         std::io::Write::write_all(&mut slave, b"hello from the tty\n").unwrap();
         drop(slave);
-        prep.io.drain(Duration::from_secs(5)).await;
+        assert!(prep.io.drain(Duration::from_secs(5)).await);
         let mut text = String::new();
         for _ in 0..100 {
             text = std::fs::read_to_string(&got).unwrap_or_default();
@@ -873,7 +877,7 @@ mod tests {
         let mut slave = File::from(pty.slave);
         std::io::Write::write_all(&mut slave, b"to the file\n").unwrap();
         drop(slave);
-        io.drain(Duration::from_secs(5)).await;
+        assert!(io.drain(Duration::from_secs(5)).await);
         let text = std::fs::read_to_string(&log).unwrap();
         assert!(text.contains("to the file"), "{text:?}");
     }
