@@ -8,6 +8,7 @@ pub mod cgroups;
 pub mod config;
 pub mod container;
 pub mod daemon;
+pub mod dbus;
 pub mod devices;
 pub mod environ;
 pub mod events;
