@@ -52,6 +52,8 @@ pub enum BootstrapError {
         "runtime options on stdin are not a protobuf Any ({0}); containerd sends the handler's options marshalled"
     )]
     Options(String),
+    #[error("{0}")]
+    Record(String),
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> BootstrapError + 'a {
@@ -349,9 +351,7 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
     spec::validate_namespace(&flags.namespace)?;
     spec::validate_id(&flags.id)?;
     let bundle = bundle_dir(flags);
-    let record: Option<RuntimeRecord> = std::fs::read(bundle.join(RUNTIME_FILE))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+    let record = RuntimeRecord::read(&bundle).map_err(BootstrapError::Record)?;
     let reaper = Reaper::default();
     reaper.start().map_err(io_err("signal handler", &bundle))?;
     let record = match record {

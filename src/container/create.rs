@@ -228,6 +228,8 @@ async fn prepare_bundle(
 fn write_record(p: &CreateParams, runtime: &dyn Runtime, undo: &Undo<'_>) -> Result<(), TaskError> {
     let identity = runtime.identity();
     let record = RuntimeRecord {
+        format: RuntimeRecord::FORMAT,
+        shim: RuntimeRecord::this_shim(),
         binary: identity.binary,
         root: identity.root,
         systemd_cgroup: identity.systemd_cgroup,

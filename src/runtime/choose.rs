@@ -21,9 +21,19 @@ use crate::options::EngineOptions;
 use crate::reaper::Reaper;
 use crate::spec::Edited;
 
-/// What `delete` (the subcommand, after a daemon died) needs to clean up a bundle.
+/// What `delete` (the subcommand, after a daemon died) needs to clean up a bundle, and what
+/// the installer reads to know which gantry binary a bundle still needs. It outlives the
+/// daemon that wrote it, so another version of gantry may read it: [`RuntimeRecord::FORMAT`].
 #[derive(Debug, Serialize, Deserialize)]
 pub struct RuntimeRecord {
+    /// The record's format: 1 (no field) before the installer, 2 with `shim`. A reader refuses
+    /// a format newer than its own rather than misread it.
+    #[serde(default = "format_one")]
+    pub format: u32,
+    /// The gantry binary whose daemon created the bundle (its resolved path), which the
+    /// installer must not remove while the bundle exists.
+    #[serde(default)]
+    pub shim: Option<PathBuf>,
     pub binary: String,
     pub root: PathBuf,
     pub systemd_cgroup: bool,
@@ -37,11 +47,46 @@ fn default_socket_dir() -> PathBuf {
     PathBuf::from(crate::config::DEFAULT_SOCKET_DIR)
 }
 
+fn format_one() -> u32 {
+    1
+}
+
 impl RuntimeRecord {
+    /// The format this binary writes and the newest it reads.
+    pub const FORMAT: u32 = 2;
+
+    /// The bundle's record: `Ok(None)` when there is none or it does not parse (a bundle from
+    /// before records, or a Create cut short), `Err` for a format newer than this binary's.
+    pub fn read(bundle: &Path) -> Result<Option<Self>, String> {
+        let path = bundle.join(crate::container::RUNTIME_FILE);
+        let Some(record) = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Self>(&b).ok())
+        else {
+            return Ok(None);
+        };
+        if record.format > Self::FORMAT {
+            return Err(format!(
+                "{} has format {}, newer than the {} this gantry reads: use the gantry that wrote it",
+                path.display(),
+                record.format,
+                Self::FORMAT
+            ));
+        }
+        Ok(Some(record))
+    }
+
+    /// The running binary's own path, for `shim`.
+    pub fn this_shim() -> Option<PathBuf> {
+        std::fs::read_link("/proc/self/exe").ok()
+    }
+
     /// The record a bundle without one stands for: the config's runtime, as Create would have
     /// chosen it without engine options.
     pub fn from_config(config: &Config, namespace: &str) -> Self {
         Self {
+            format: Self::FORMAT,
+            shim: None,
             binary: config.runtime.binary.clone(),
             root: config.runtime.root.join(namespace),
             systemd_cgroup: config.runtime.systemd_cgroup,
@@ -205,6 +250,8 @@ mod tests {
     #[test]
     fn a_record_rebuilds_the_runtime_create_chose() {
         let record = RuntimeRecord {
+            format: RuntimeRecord::FORMAT,
+            shim: None,
             binary: "crun".into(),
             root: "/run/crun/ns".into(),
             systemd_cgroup: true,
@@ -234,5 +281,32 @@ mod tests {
         assert_eq!(r.binary, config.runtime.binary);
         assert_eq!(r.root, config.runtime.root.join("default"));
         assert!(!r.rootfs_mounted);
+    }
+
+    /// A record outlives its daemon: the previous format (no `format`, no `shim`) is read as
+    /// format 1, this one round-trips, and a newer one is refused by name, never misread.
+    #[test]
+    fn records_of_older_formats_are_read_and_newer_ones_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(crate::container::RUNTIME_FILE);
+        assert!(RuntimeRecord::read(dir.path()).unwrap().is_none());
+        let v1 = r#"{"binary":"runc","root":"/run/gantry/runc/ns","systemd_cgroup":false,"rootfs_mounted":true}"#;
+        std::fs::write(&file, v1).unwrap();
+        let r = RuntimeRecord::read(dir.path()).unwrap().unwrap();
+        assert_eq!((r.format, r.shim.as_deref(), r.rootfs_mounted), (1, None, true));
+        let now = RuntimeRecord {
+            shim: Some("/opt/gantry/0.1.0-abc/containerd-shim-gantry-v2".into()),
+            ..RuntimeRecord::from_config(&Config::default(), "ns")
+        };
+        std::fs::write(&file, serde_json::to_vec(&now).unwrap()).unwrap();
+        let r = RuntimeRecord::read(dir.path()).unwrap().unwrap();
+        assert_eq!((r.format, r.shim), (RuntimeRecord::FORMAT, now.shim));
+        let future = v1.replace('{', r#"{"format":99,"#);
+        std::fs::write(&file, future).unwrap();
+        let err = RuntimeRecord::read(dir.path()).unwrap_err();
+        assert!(
+            err.contains("format 99") && err.contains(crate::container::RUNTIME_FILE),
+            "{err}"
+        );
     }
 }
