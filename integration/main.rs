@@ -14,7 +14,9 @@ mod gpu;
 #[allow(dead_code)]
 #[path = "../src/devices/fixture.rs"]
 mod gpu_fixture;
+mod image;
 mod install;
+mod installer;
 mod lifecycle;
 mod metrics;
 mod mount_helper;

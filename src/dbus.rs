@@ -292,23 +292,10 @@ fn parse(msg: &[u8], body_at: usize) -> Option<Reply> {
     Some(reply)
 }
 
+/// Messages as a bus sends them, for tests of gantry's callers.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_call_is_marshalled_as_the_spec_lays_it_out() {
-        let m = Call::HELLO.message(7, |_| {});
-        assert_eq!(&m[..4], b"l\x01\x00\x01");
-        assert_eq!(&m[4..12], &[0, 0, 0, 0, 7, 0, 0, 0]);
-        assert_eq!(m.len() % 8, 0);
-        // Its own header parses back: four fields, the path first.
-        let fields = u32::from_le_bytes([m[12], m[13], m[14], m[15]]) as usize;
-        assert_eq!(16 + fields.div_ceil(8) * 8, m.len());
-        assert_eq!(&m[16..20], b"\x01\x01o\x00");
-        assert_eq!(&m[24..45], b"/org/freedesktop/DBus");
-        assert_eq!(parse(&m, m.len()), Some(Reply::default()));
-    }
+pub(crate) mod testing {
+    use super::Writer;
 
     /// A reply or error for `serial`, with a body of signature `sig` written by `body`.
     pub(crate) fn reply(
@@ -342,6 +329,26 @@ mod tests {
         w.align(8);
         w.buf.extend(b.buf);
         w.buf
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::reply;
+    use super::*;
+
+    #[test]
+    fn a_call_is_marshalled_as_the_spec_lays_it_out() {
+        let m = Call::HELLO.message(7, |_| {});
+        assert_eq!(&m[..4], b"l\x01\x00\x01");
+        assert_eq!(&m[4..12], &[0, 0, 0, 0, 7, 0, 0, 0]);
+        assert_eq!(m.len() % 8, 0);
+        // Its own header parses back: four fields, the path first.
+        let fields = u32::from_le_bytes([m[12], m[13], m[14], m[15]]) as usize;
+        assert_eq!(16 + fields.div_ceil(8) * 8, m.len());
+        assert_eq!(&m[16..20], b"\x01\x01o\x00");
+        assert_eq!(&m[24..45], b"/org/freedesktop/DBus");
+        assert_eq!(parse(&m, m.len()), Some(Reply::default()));
     }
 
     #[test]

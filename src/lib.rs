@@ -15,6 +15,7 @@ pub mod events;
 pub mod exits;
 pub mod files;
 pub mod inflight;
+pub mod install;
 pub mod io;
 pub mod logging;
 pub mod mount;

@@ -37,6 +37,10 @@ fn run() -> Result<()> {
     if argv.first().map(String::as_str) == Some("metrics") {
         return Ok(gantry::telemetry::exporter::run(&argv[1..])?);
     }
+    // The node installer (the DaemonSet's pod, or by hand): flags of its own too.
+    if let Some(action @ ("install" | "uninstall")) = argv.first().map(String::as_str) {
+        std::process::exit(gantry::install::main(action, &argv[1..]));
+    }
     let (flags, action) = args::parse(&argv)?;
     let mut out = std::io::stdout();
     match action {

@@ -508,7 +508,12 @@ pub fn crio_start(ns: &Ns, bundle: &Path, id: &str, stdin: &[u8]) -> Output {
 
 /// The command [`crio_start`] runs, for tests that change how it is started.
 pub fn crio_start_cmd(ns: &Ns, bundle: &Path, id: &str) -> Command {
-    let mut cmd = Command::new(SHIM);
+    crio_start_cmd_with(Path::new(SHIM), ns, bundle, id)
+}
+
+/// [`crio_start_cmd`] of another gantry binary (an installed one).
+pub fn crio_start_cmd_with(shim: &Path, ns: &Ns, bundle: &Path, id: &str) -> Command {
+    let mut cmd = Command::new(shim);
     cmd.args([
         "-namespace",
         "default",
