@@ -2,14 +2,15 @@
 # Installs what gantry's build, demo and tests need on a fresh Debian machine, skipping what is
 # already there: containerd 1.6, runc, crun, criu, busybox-static, protoc (for the CRI test
 # client), script (tty tests), libseccomp-dev, promtool (Debian's prometheus package: the
-# metrics tests check the exporter's output with `promtool check metrics`), systemd (a manager
+# metrics tests check the exporter's output with `promtool check metrics`), skopeo (the image
+# test reads scripts/image.sh's archive with `skopeo inspect oci-archive:`), systemd (a manager
 # the systemd-driver sandbox test starts; it does not become PID 1); and on a hybrid cgroup
 # host binds hugetlb to a v1 hierarchy, which crun needs.
 set -euo pipefail
 
 need=()
 for pair in containerd:containerd ctr:containerd runc:runc crun:crun criu:criu \
-            busybox:busybox-static pkg-config:pkg-config protoc:protobuf-compiler script:bsdutils promtool:prometheus; do
+            busybox:busybox-static pkg-config:pkg-config protoc:protobuf-compiler script:bsdutils promtool:prometheus skopeo:skopeo; do
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
