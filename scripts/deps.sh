@@ -19,6 +19,8 @@ if command -v busybox >/dev/null 2>&1 && ! { ldd "$(command -v busybox)" 2>&1 ||
   need+=(busybox-static)
 fi
 dpkg -s libseccomp-dev >/dev/null 2>&1 || need+=(libseccomp-dev)
+# PyYAML for scripts/check-manifests.py (the Kubernetes manifests, checked in CI).
+dpkg -s python3-yaml >/dev/null 2>&1 || need+=(python3-yaml)
 # systemd's manager binary (not as PID 1): the sandbox tests' systemd cgroup driver runs one.
 [ -x /lib/systemd/systemd ] || need+=(systemd)
 # ... and the user D-Bus it socket-activates (the test binds it where the system bus lives).
