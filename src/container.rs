@@ -72,6 +72,27 @@ pub struct Container {
     cgroup: CgroupWatch,
     /// Init's exit, subscribed the moment its pid was known; taken by the exit monitor.
     init_exit: Mutex<Option<tokio::sync::oneshot::Receiver<crate::reaper::Exit>>>,
+    /// Kills of init whose runtime call has not returned. Init's exit waits for them: an engine
+    /// that learns of the exit deletes the task and closes its connection, and a Kill reply
+    /// still unsent then reaches the engine as "ttrpc: closed" (containerd's CRI failed a
+    /// StopPodSandbox so under load).
+    kills: tokio::sync::watch::Sender<usize>,
+}
+
+/// Counts one kill of init in flight until dropped.
+struct KillInFlight<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl<'a> KillInFlight<'a> {
+    fn new(kills: &'a tokio::sync::watch::Sender<usize>) -> Self {
+        kills.send_modify(|n| *n += 1);
+        KillInFlight(kills)
+    }
+}
+
+impl Drop for KillInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl Container {
@@ -184,6 +205,13 @@ impl Container {
             }
         }
         self.exits.execs_done().await;
+        let mut kills = self.kills.subscribe();
+        if tokio::time::timeout(OUTPUT_DRAIN, kills.wait_for(|n| *n == 0))
+            .await
+            .is_err()
+        {
+            warn!(self.log, "a kill of init is still running after its exit; publishing the exit"; "bound_s" => OUTPUT_DRAIN.as_secs());
+        }
         if !self.init.io().drain(OUTPUT_DRAIN).await {
             warn!(self.log, "terminal output still flowing after the exit; the rest is dropped"; "bound_s" => OUTPUT_DRAIN.as_secs());
         }
@@ -219,6 +247,7 @@ impl Container {
             if signal == 0 {
                 return signal_pid(p.pid(), 0).map_err(|_| finished());
             }
+            let _in_flight = KillInFlight::new(&self.kills);
             return match self.runtime.kill(&self.id, signal, all).await {
                 Ok(()) => Ok(()),
                 // The process exited between the check and the runtime call.

@@ -304,17 +304,22 @@ async fn create_dropped_at(h: &Harness, op: &'static str) {
     settle().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_create_dropped_during_the_runtime_create_leaves_nothing() {
-    let h = harness();
-    create_dropped_at(&h, "create").await;
-    assert!(h.svc.is_empty(), "an id is stuck in flight");
+/// The runtime's half-created container was deleted and nothing of c1 is left.
+fn assert_runtime_container_removed(h: &Harness) {
     assert!(
         h.fake.calls().contains(&"delete --force c1".to_string()),
         "the runtime's half-created container is not deleted: {:?}",
         h.fake.calls()
     );
     assert_eq!(h.leftovers(), Vec::<String>::new());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_create_dropped_during_the_runtime_create_leaves_nothing() {
+    let h = harness();
+    create_dropped_at(&h, "create").await;
+    assert!(h.svc.is_empty(), "an id is stuck in flight");
+    assert_runtime_container_removed(&h);
 }
 
 #[tokio::test(start_paused = true)]
@@ -377,12 +382,7 @@ async fn an_abandoned_create_is_rolled_back_and_a_waiting_shutdown_takes_effect(
         h.svc.is_empty()
     );
     assert!(h.svc.is_empty());
-    assert!(
-        h.fake.calls().contains(&"delete --force c1".to_string()),
-        "{:?}",
-        h.fake.calls()
-    );
-    assert_eq!(h.leftovers(), Vec::<String>::new());
+    assert_runtime_container_removed(&h);
 }
 
 #[tokio::test(start_paused = true)]
@@ -713,4 +713,36 @@ async fn a_pids_dropped_while_the_runtime_lists_still_finishes_the_call() {
         vec!["ps c1".to_string()],
         "the dropped request's ps did not run to its end"
     );
+}
+
+/// Init dies of a Kill whose runtime call has not returned yet: its exit is published only
+/// once the Kill is answered, so an engine that deletes the task on the exit (and closes the
+/// connection) has the Kill's reply first.
+#[tokio::test(start_paused = true)]
+async fn an_exit_caused_by_a_kill_in_flight_is_published_after_the_kill_returns() {
+    let h = harness();
+    let pid = h.create().await;
+    h.start("").await.unwrap();
+    let gate = h.fake.hold("kill");
+    let svc = h.service();
+    let kill = tokio::spawn(async move {
+        let req = KillRequest {
+            id: "c1".into(),
+            signal: 9,
+            ..Default::default()
+        };
+        svc.kill(&ctx(), req).await
+    });
+    h.fake.entered("kill", 1).await;
+    h.fake.exit(pid, 137);
+    settle().await;
+    assert_eq!(
+        h.events().await,
+        ["/tasks/create", "/tasks/start"],
+        "the exit overtook the kill"
+    );
+    gate.add_permits(1);
+    kill.await.unwrap().unwrap();
+    assert_eq!(h.wait("").await.map(|e| e.status), Some(137));
+    assert_eq!(h.events().await, ["/tasks/create", "/tasks/start", "/tasks/exit c1"]);
 }

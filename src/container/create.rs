@@ -143,6 +143,7 @@ impl Container {
         Ok(Arc::new(Container {
             cgroup,
             init_exit: Mutex::new(Some(created.exit)),
+            kills: tokio::sync::watch::Sender::new(0),
             id: p.id,
             namespace: p.namespace,
             rootfs_mounted: undo.mounted.take(),
