@@ -29,13 +29,7 @@ impl QualifiedName {
         let (kind, name) = s
             .split_once('=')
             .ok_or_else(|| "not a fully qualified CDI name (vendor/class=name)".to_string())?;
-        let (vendor, class) = Self::parse_kind(kind)?;
-        validate_device_name(name)?;
-        Ok(QualifiedName {
-            vendor,
-            class,
-            name: name.to_string(),
-        })
+        Self::from_kind(kind, name)
     }
 
     /// Parses a CDI kind `vendor/class`.

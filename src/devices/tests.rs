@@ -495,16 +495,8 @@ fn fallback_discovery_without_cdi_spec() {
     assert_eq!(spec, before);
 
     // a missing index names the node and the device
-    let mut spec = engine_spec(&["NVIDIA_VISIBLE_DEVICES=0,7"], &[]);
-    let before = spec.clone();
-    let err = inject(&mut spec, &host.cfg(), false).unwrap_err();
-    let msg = err.to_string();
-    assert!(matches!(err, DeviceError::NodeMissing { .. }));
-    assert!(
-        msg.contains(&host.dev.join("nvidia7").display().to_string()) && msg.contains("nvidia.com/gpu=7"),
-        "{msg}"
-    );
-    assert_eq!(spec, before, "untouched on error");
+    let spec = engine_spec(&["NVIDIA_VISIBLE_DEVICES=0,7"], &[]);
+    assert_node_missing(&host, spec, "nvidia7", "nvidia.com/gpu=7");
 }
 
 #[test]
@@ -633,16 +625,8 @@ fn errors_name_devices_and_paths() {
 
     // a node the spec names but the host lacks
     fs::remove_file(host.dev.join("nvidia-uvm-tools")).unwrap();
-    let mut spec = engine_spec(&[], &[("gantry.dev/devices", "nvidia.com/gpu=0")]);
-    let before = spec.clone();
-    let err = inject(&mut spec, &host.cfg(), false).unwrap_err();
-    let msg = err.to_string();
-    assert!(matches!(err, DeviceError::NodeMissing { .. }));
-    assert!(
-        msg.contains(&host.dev.join("nvidia-uvm-tools").display().to_string()) && msg.contains("nvidia.com/gpu=0"),
-        "{msg}"
-    );
-    assert_eq!(spec, before, "untouched on error");
+    let spec = engine_spec(&[], &[("gantry.dev/devices", "nvidia.com/gpu=0")]);
+    assert_node_missing(&host, spec, "nvidia-uvm-tools", "nvidia.com/gpu=0");
 
     // malformed spec: file and parser message; reported only when it matters
     make_fake_nvidia(&host.dev, 1, 508).unwrap();
@@ -750,4 +734,18 @@ fn privileged_heuristic() {
     assert!(!is_privileged::<&str>(&[]));
     // Multi-byte characters where the CAP_ prefix would end (found by fuzz/spec; panicked).
     assert!(!is_privileged(&["¡ࠀ", "CA\u{e9}", "\u{556ce}x"]));
+}
+
+/// Injection into `spec` fails naming the missing `node` under the host's /dev and the
+/// `device` that needed it, and leaves the spec as it was.
+fn assert_node_missing(host: &Host, mut spec: Spec, node: &str, device: &str) {
+    let before = spec.clone();
+    let err = inject(&mut spec, &host.cfg(), false).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, DeviceError::NodeMissing { .. }));
+    assert!(
+        msg.contains(&host.dev.join(node).display().to_string()) && msg.contains(device),
+        "{msg}"
+    );
+    assert_eq!(spec, before, "untouched on error");
 }
