@@ -59,6 +59,8 @@ struct Metrics {
     runtime_errors: Counters,
     dropped: Counters,
     malformed: Counter,
+    /// Lines of a schema newer than this binary's: skipped, never misread.
+    newer: Counter,
     durations: Histograms,
     running: Gauges,
     daemons: Gauges,
@@ -89,6 +91,7 @@ impl Aggregator {
             runtime_errors: Counters::default(),
             dropped: Counters::default(),
             malformed: Counter::default(),
+            newer: Counter::default(),
             durations: Histograms::new_with_constructor(latency_histogram),
             running: Gauges::default(),
             daemons: Gauges::default(),
@@ -96,42 +99,73 @@ impl Aggregator {
             build: Gauges::default(),
         };
         let r = &mut registry;
+        // Families of one type are registered from one table each.
+        let counters = [
+            (
+                "gantry_containers_created",
+                "Containers created (Create served)",
+                &m.created,
+            ),
+            (
+                "gantry_containers_started",
+                "Containers started (init Start served)",
+                &m.started,
+            ),
+            (
+                "gantry_exits",
+                "Process exits by reason (normal, signal, oom) and process (init, exec)",
+                &m.exits,
+            ),
+            ("gantry_execs", "Exec processes started", &m.execs),
+            ("gantry_containers_deleted", "Containers deleted", &m.deleted),
+            (
+                "gantry_devices_injected",
+                "Devices injected into containers, by kind",
+                &m.devices,
+            ),
+            (
+                "gantry_policy_decisions",
+                "Security-policy decisions by decision and reason",
+                &m.policy,
+            ),
+            (
+                "gantry_runtime_errors",
+                "Failed OCI runtime calls by call",
+                &m.runtime_errors,
+            ),
+            (
+                "gantry_events_dropped",
+                "Events the daemons could not write to the log",
+                &m.dropped,
+            ),
+        ];
+        for (name, help, family) in counters {
+            r.register(name, help, family.clone());
+        }
+        let gauges = [
+            (
+                "gantry_containers_running",
+                "Containers started and not exited, per the event log",
+                &m.running,
+            ),
+            (
+                "gantry_daemons",
+                "Live gantry daemons (pods) of the handler",
+                &m.daemons,
+            ),
+            (
+                "gantry_daemon_resident_memory_bytes",
+                "Resident memory of all live daemons of the handler",
+                &m.memory,
+            ),
+        ];
+        for (name, help, family) in gauges {
+            r.register(name, help, family.clone());
+        }
         r.register(
-            "gantry_containers_created",
-            "Containers created (Create served)",
-            m.created.clone(),
-        );
-        r.register(
-            "gantry_containers_started",
-            "Containers started (init Start served)",
-            m.started.clone(),
-        );
-        r.register(
-            "gantry_exits",
-            "Process exits by reason (normal, signal, oom) and process (init, exec)",
-            m.exits.clone(),
-        );
-        r.register("gantry_execs", "Exec processes started", m.execs.clone());
-        r.register("gantry_containers_deleted", "Containers deleted", m.deleted.clone());
-        r.register(
-            "gantry_devices_injected",
-            "Devices injected into containers, by kind",
-            m.devices.clone(),
-        );
-        r.register(
-            "gantry_policy_decisions",
-            "Security-policy decisions by decision and reason",
-            m.policy.clone(),
-        );
-        r.register(
-            "gantry_runtime_errors",
-            "Failed OCI runtime calls by call",
-            m.runtime_errors.clone(),
-        );
-        r.register(
-            "gantry_events_dropped",
-            "Events the daemons could not write to the log",
-            m.dropped.clone(),
+            "gantry_event_log_newer_schema_lines",
+            "Event-log lines of a newer schema than this exporter reads, skipped",
+            m.newer.clone(),
         );
         r.register(
             "gantry_event_log_malformed_lines",
@@ -142,21 +176,6 @@ impl Aggregator {
             "gantry_request_duration_seconds",
             "Time gantry took to serve Create, Start, Exec (start of an exec) and Delete",
             m.durations.clone(),
-        );
-        r.register(
-            "gantry_containers_running",
-            "Containers started and not exited, per the event log",
-            m.running.clone(),
-        );
-        r.register(
-            "gantry_daemons",
-            "Live gantry daemons (pods) of the handler",
-            m.daemons.clone(),
-        );
-        r.register(
-            "gantry_daemon_resident_memory_bytes",
-            "Resident memory of all live daemons of the handler",
-            m.memory.clone(),
         );
         r.register("gantry_build_info", "gantry version and git revision", m.build.clone());
         let build: Labels = vec![
@@ -182,6 +201,10 @@ impl Aggregator {
             return;
         }
         match serde_json::from_slice::<Record>(line) {
+            // Written by a newer gantry (a node mid-upgrade): its fields may mean other things.
+            Ok(r) if r.v > super::event::SCHEMA_VERSION => {
+                self.m.newer.inc();
+            }
             Ok(r) => self.observe(&r),
             Err(_) => {
                 self.m.malformed.inc();

@@ -161,3 +161,22 @@ fn text_format_names_counter_families_with_total() {
     assert!(!text.contains("# EOF"));
     assert_eq!(sample(&text, "gantry_containers_created_total", &[]), Some(1.0));
 }
+
+/// Lines written by a newer gantry (a node mid-upgrade) are counted apart and folded into
+/// nothing; this version's lines, written by an older binary or this one, count as usual.
+#[test]
+fn lines_of_a_newer_schema_are_skipped_not_misread() {
+    let mut a = Aggregator::new(false);
+    let line = serde_json::to_vec(&rec(Kind::Create, "a")).unwrap();
+    a.observe_line(&line);
+    let newer = String::from_utf8(line).unwrap().replace("\"v\":1", "\"v\":2");
+    assert!(newer.contains("\"v\":2"), "{newer}");
+    a.observe_line(newer.as_bytes());
+    let text = a.encode().unwrap();
+    assert_eq!(sample(&text, "gantry_containers_created_total", &[]), Some(1.0));
+    assert_eq!(
+        sample(&text, "gantry_event_log_newer_schema_lines_total", &[]),
+        Some(1.0)
+    );
+    assert_eq!(sample(&text, "gantry_event_log_malformed_lines_total", &[]), Some(0.0));
+}
