@@ -28,10 +28,10 @@ const BUNDLE_GLOBS: [(&str, &str); 2] = [
     ("/run/containers/storage/overlay-containers", "*/userdata"),
 ];
 
-/// `<crate version>-<first 12 hex digits of the binary's sha256>`.
-pub fn version_of(binary: &Path) -> Result<String, InstallError> {
+/// `<crate version>-<first 12 hex digits of the binary's sha256>`, and the whole sha256.
+pub fn version_of(binary: &Path) -> Result<(String, String), InstallError> {
     let hash = sha256_file(binary).map_err(|e| InstallError::io("read", binary, e))?;
-    Ok(format!("{}-{}", env!("CARGO_PKG_VERSION"), &hash[..12]))
+    Ok((format!("{}-{}", env!("CARGO_PKG_VERSION"), &hash[..12]), hash))
 }
 
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
@@ -53,12 +53,15 @@ pub fn versioned(version: &str) -> PathBuf {
     Path::new(VERSIONS_DIR).join(version).join(SHIM_NAME)
 }
 
-/// Copies `source` into its version's directory unless it is already there whole; returns
-/// whether anything was written.
-pub fn place(host: &Path, source: &Path, version: &str) -> Result<bool, InstallError> {
+/// Copies `source` (whose sha256 is `want`) into its version's directory unless it is already
+/// there whole; returns whether anything was written.
+pub fn place(host: &Path, source: &Path, version: &str, want: &str) -> Result<bool, InstallError> {
     let dest = host_path(host, &versioned(version));
-    let want = sha256_file(source).map_err(|e| InstallError::io("read", source, e))?;
-    if sha256_file(&dest).is_ok_and(|have| have == want) {
+    let same_size = |a: &Path, b: &Path| match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.len() == b.len(),
+        _ => false,
+    };
+    if same_size(source, &dest) && sha256_file(&dest).is_ok_and(|have| have == want) {
         return Ok(false);
     }
     let dir = dest.parent().unwrap_or(host);

@@ -160,7 +160,7 @@ fn lock(host: &Path, st: &mut State) -> Result<nix::fcntl::Flock<std::fs::File>,
 pub fn install(o: &Options) -> Result<Report, InstallError> {
     let me =
         std::fs::read_link("/proc/self/exe").map_err(|e| InstallError::io("read", Path::new("/proc/self/exe"), e))?;
-    let version = version_of(&me)?;
+    let (version, sha) = version_of(&me)?;
     if o.check {
         return check(o, &version).map(|()| Report {
             version,
@@ -179,7 +179,7 @@ pub fn install(o: &Options) -> Result<Report, InstallError> {
     step(&format!("version {version}; engines: {found:?}"));
     st.create_dirs(&o.host, &binary::versioned(&version))?;
     st.create_dirs(&o.host, Path::new(STABLE_PATH))?;
-    if binary::place(&o.host, &me, &version)? {
+    if binary::place(&o.host, &me, &version, &sha)? {
         report.changed.push(binary::versioned(&version).display().to_string());
     }
     if binary::point_stable(&o.host, &version)? {
