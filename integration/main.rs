@@ -21,6 +21,7 @@ mod lifecycle;
 mod metrics;
 mod mount_helper;
 mod node;
+mod node_fleet;
 mod sandbox;
 mod security;
 mod stats_oom;

@@ -159,6 +159,16 @@ fn the_systemd_cgroup_driver_runs_the_container_in_a_scope_it_removes() {
     assert_clean(env, &ns);
 }
 
+/// The node's own containerd (the systemd service) and `/usr/local/bin` are shared by the
+/// tests that use them: one at a time.
+static SYSTEM_CONTAINERD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// [`on_node`], holding the node's containerd for the caller.
+pub(crate) fn on_node_containerd() -> (&'static Env, std::sync::MutexGuard<'static, ()>) {
+    let env = on_node();
+    (env, SYSTEM_CONTAINERD.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 fn system_ctr(args: &[&str]) -> std::process::Output {
     run(Command::new("ctr")
         .args(["--address", "/run/containerd/containerd.sock", "-n", "gantry-node"])
@@ -174,7 +184,7 @@ fn environ(pid: i32) -> String {
 #[test]
 #[ignore = "needs the production-shaped node: run through scripts/test.sh --node"]
 fn a_detached_container_under_the_nodes_type_notify_containerd_runs() {
-    let env = on_node();
+    let (env, _turn) = on_node_containerd();
     let main_pid = run(Command::new("systemctl").args(["show", "-p", "MainPID", "--value", "containerd"]));
     let main_pid: i32 = String::from_utf8_lossy(&main_pid.stdout).trim().parse().unwrap_or(0);
     assert!(main_pid > 0, "the node's containerd is not running");

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 # (stdio forms, event order, cancellation, shutdown, the fifty-container leak check) read
 # nothing of the host's shape and run in the host suite only: under TCG they took two thirds
 # of the lane's time.
-FILTERS=(node:: stats_oom::oom stats_oom::crio_oom security:: cri:: sandbox::
+FILTERS=(node:: node_fleet:: stats_oom::oom stats_oom::crio_oom security:: cri:: sandbox::
          containerd::a_notify_socket containerd::crun_selected_by_config
          containerd::killed_daemon_is_cleaned_up_through_delete
          crio::crio_lifecycle_grouping_and_shutdown
@@ -27,10 +27,19 @@ exe=$(cargo test --no-run --test integration --message-format=json 2>/dev/null |
 # The guest has no C compiler: the pause program the sandbox tests use is built here.
 mkdir -p target/node
 cc -static -Os -o target/node/pause integration/fixtures/pause.c
+# The installer images of the fleet test, version N (this build) and N+1 (the same build
+# with a trailer: another binary, so another version directory), built here where gzip is fast.
+shim=target/$(rustc -vV | sed -n 's/^host: //p')/debug/containerd-shim-gantry-v2
+mkdir -p target/node/n1
+cp "$shim" target/node/n1/containerd-shim-gantry-v2
+printf '\0gantry node lane: version N+1\0' >>target/node/n1/containerd-shim-gantry-v2
+scripts/image.sh --binary "$shim" --output target/node/installer-n.tar --name docker.io/gantry/installer:n >/dev/null
+scripts/image.sh --binary target/node/n1/containerd-shim-gantry-v2 --output target/node/installer-n1.tar \
+  --name docker.io/gantry/installer:n1 >/dev/null
 
 echo "== node lane: ${FILTERS[*]} in the guest"
 guest="set -e
-export GANTRY_PAUSE_BIN=$PWD/target/node/pause RUST_BACKTRACE=1
+export GANTRY_PAUSE_BIN=$PWD/target/node/pause GANTRY_INSTALLER_IMAGES=$PWD/target/node RUST_BACKTRACE=1
 echo \"node: \$(uname -r), \$(stat -fc %T /sys/fs/cgroup), apparmor=\$(cat /sys/module/apparmor/parameters/enabled), pid1=\$(cat /proc/1/comm)\"
 $exe --include-ignored --test-threads=2 ${FILTERS[*]}"
 exec scripts/node-vm.sh run --timeout "${GANTRY_NODE_TIMEOUT:-2700}" -- "$guest"
