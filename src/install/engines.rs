@@ -120,25 +120,78 @@ fn config_version(text: &str) -> Option<i64> {
     toml::from_str::<toml::Table>(text).ok()?.get("version")?.as_integer()
 }
 
-/// The containerd drop-in, in the layout containerd `version` reads natively.
-pub fn containerd_dropin(version: (u32, u32)) -> String {
-    let (config, plugin) = if version.0 >= 2 {
-        (3, "io.containerd.cri.v1.runtime")
-    } else {
-        (2, "io.containerd.grpc.v1.cri")
+/// The containerd drop-in, in the layout containerd `version` reads natively, given the main
+/// config's text (`main`).
+///
+/// containerd before 2.0 merges an imported file's plugin sections by replacing them whole
+/// (its `mergeConfig`: "Replace entire sections instead of merging map's values"), and a CRI
+/// section's `runtimes` table replaces the built-in one: a drop-in naming only gantry's
+/// runtime would take away the main config's CRI settings and the default `runc` runtime, and
+/// the CRI plugin would not load. So for 1.x the drop-in carries the main config's whole CRI
+/// section, the default runtime, and gantry's runtime; 2.x merges plugin sections key by key.
+pub fn containerd_dropin(version: (u32, u32), main: Option<&str>) -> Result<String, InstallError> {
+    const HEADER: &str = "# Registers gantry as the CRI runtime handler \"gantry\". Written by\n\
+         # `containerd-shim-gantry-v2 install`; removed by `uninstall`. Edit /etc/gantry/config.toml instead.\n";
+    const OPTIONS: &str = "ConfigPath = \"/etc/gantry/config.toml\"\n";
+    if version.0 >= 2 {
+        let table = "plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gantry";
+        return Ok(format!(
+            "{HEADER}version = 3\n\n[{table}]\n{RUNTIME_KEYS}\n[{table}.options]\n{OPTIONS}"
+        ));
+    }
+    let plugin = "io.containerd.grpc.v1.cri";
+    let bad = |e: &dyn std::fmt::Display| InstallError::MainConfig(format!("does not parse: {e}"));
+    let parsed: toml::Table = match main {
+        Some(text) => toml::from_str(text).map_err(|e| bad(&e))?,
+        None => toml::Table::new(),
     };
-    format!(
-        "# Registers gantry as the CRI runtime handler \"gantry\". Written by\n\
-         # `containerd-shim-gantry-v2 install`; removed by `uninstall`. Edit /etc/gantry/config.toml instead.\n\
-         version = {config}\n\n\
-         [plugins.\"{plugin}\".containerd.runtimes.gantry]\n\
-         \x20 runtime_type = \"io.containerd.gantry.v2\"\n\
-         \x20 privileged_without_host_devices = true\n\
-         \x20 pod_annotations = [\"gantry.dev/*\", \"cdi.k8s.io/*\"]\n\
-         \x20 container_annotations = [\"gantry.dev/*\", \"cdi.k8s.io/*\"]\n\n\
-         [plugins.\"{plugin}\".containerd.runtimes.gantry.options]\n\
-         \x20 ConfigPath = \"/etc/gantry/config.toml\"\n"
-    )
+    let mut cri = parsed
+        .get("plugins")
+        .and_then(|p| p.get(plugin))
+        .and_then(|c| c.as_table())
+        .cloned()
+        .unwrap_or_default();
+    let containerd = table_at(&mut cri, "containerd");
+    let default = containerd
+        .get("default_runtime_name")
+        .and_then(|v| v.as_str())
+        .unwrap_or("runc")
+        .to_string();
+    containerd.insert("default_runtime_name".into(), default.clone().into());
+    let runtimes = table_at(containerd, "runtimes");
+    if !runtimes.contains_key(&default) {
+        let runc: toml::Table = toml::from_str("runtime_type = \"io.containerd.runc.v2\"").map_err(|e| bad(&e))?;
+        runtimes.insert(default, runc.into());
+    }
+    let gantry: toml::Table = toml::from_str(&format!("{RUNTIME_KEYS}\n[options]\n{OPTIONS}")).map_err(|e| bad(&e))?;
+    runtimes.insert("gantry".into(), gantry.into());
+    let mut plugins = toml::Table::new();
+    plugins.insert(plugin.into(), cri.into());
+    let mut doc = toml::Table::new();
+    doc.insert("version".into(), 2.into());
+    doc.insert("plugins".into(), plugins.into());
+    let body = toml::to_string(&doc).map_err(|e| bad(&e))?;
+    Ok(format!(
+        "{HEADER}# containerd 1.x replaces a plugin section with an imported one whole: this is the main\n\
+         # config's CRI section with gantry's runtime added, rewritten when the main config changes.\n{body}"
+    ))
+}
+
+/// gantry's runtime table, the same in both layouts.
+const RUNTIME_KEYS: &str = "runtime_type = \"io.containerd.gantry.v2\"\n\
+    privileged_without_host_devices = true\n\
+    pod_annotations = [\"gantry.dev/*\", \"cdi.k8s.io/*\"]\n\
+    container_annotations = [\"gantry.dev/*\", \"cdi.k8s.io/*\"]\n";
+
+/// The table under `key`, made if missing (a value that is not a table is replaced).
+fn table_at<'t>(t: &'t mut toml::Table, key: &str) -> &'t mut toml::Table {
+    if !t.get(key).is_some_and(|v| v.is_table()) {
+        t.insert(key.into(), toml::Table::new().into());
+    }
+    match t.get_mut(key) {
+        Some(toml::Value::Table(inner)) => inner,
+        _ => unreachable!("a table was inserted above"),
+    }
 }
 
 /// Whether containerd `version` would read the drop-in with `main` as its main config
@@ -248,14 +301,17 @@ pub fn remove_import(text: &str, how: &Import) -> Option<String> {
     }
 }
 
-/// The drop-in files this version writes for `engine`, with their content.
-pub fn dropin(engine: &Engine, payload: &Path) -> Result<(PathBuf, Vec<u8>), InstallError> {
+/// The drop-in file this version writes for `engine`, with its content.
+pub fn dropin(engine: &Engine, host: &Path, payload: &Path) -> Result<(PathBuf, Vec<u8>), InstallError> {
     let body = match engine {
         Engine::Crio => {
             let src = payload.join("runtime-conf/crio/99-gantry.conf");
             std::fs::read(&src).map_err(|e| InstallError::io("read", &src, e))?
         }
-        Engine::Containerd { version } => containerd_dropin(*version).into_bytes(),
+        Engine::Containerd { version } => {
+            let main = std::fs::read_to_string(host_path(host, Path::new(CONTAINERD_MAIN))).ok();
+            containerd_dropin(*version, main.as_deref())?.into_bytes()
+        }
     };
     Ok((PathBuf::from(engine.dropin()), body))
 }
@@ -324,7 +380,7 @@ mod tests {
             ((1, 6), "io.containerd.grpc.v1.cri"),
             ((2, 2), "io.containerd.cri.v1.runtime"),
         ] {
-            let text = containerd_dropin(version);
+            let text = containerd_dropin(version, None).unwrap();
             let t: toml::Table = toml::from_str(&text).unwrap();
             let gantry = &t["plugins"][plugin]["containerd"]["runtimes"]["gantry"];
             assert_eq!(gantry["runtime_type"].as_str(), Some("io.containerd.gantry.v2"));
@@ -333,5 +389,31 @@ mod tests {
                 Some("/etc/gantry/config.toml")
             );
         }
+    }
+
+    /// containerd 1.x replaces the CRI section with the imported one: the drop-in keeps the
+    /// main config's CRI settings and runtimes, and always has the default runtime.
+    #[test]
+    fn a_1_x_drop_in_carries_the_main_configs_cri_section_and_the_default_runtime() {
+        let debian = "version = 2\n[plugins]\n  [plugins.\"io.containerd.grpc.v1.cri\"]\n    [plugins.\"io.containerd.grpc.v1.cri\".cni]\n      bin_dir = \"/usr/lib/cni\"\n";
+        let text = containerd_dropin((1, 6), Some(debian)).unwrap();
+        let t: toml::Table = toml::from_str(&text).unwrap();
+        let cri = &t["plugins"]["io.containerd.grpc.v1.cri"];
+        assert_eq!(cri["cni"]["bin_dir"].as_str(), Some("/usr/lib/cni"));
+        assert_eq!(cri["containerd"]["default_runtime_name"].as_str(), Some("runc"));
+        assert_eq!(
+            cri["containerd"]["runtimes"]["runc"]["runtime_type"].as_str(),
+            Some("io.containerd.runc.v2")
+        );
+        assert!(cri["containerd"]["runtimes"]["gantry"].is_table());
+        let custom = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\ndefault_runtime_name = \"crun\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.crun]\nruntime_type = \"io.containerd.runc.v2\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.crun.options]\nBinaryName = \"crun\"\n";
+        let t: toml::Table = toml::from_str(&containerd_dropin((1, 7), Some(custom)).unwrap()).unwrap();
+        let runtimes = &t["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"];
+        assert_eq!(runtimes["crun"]["options"]["BinaryName"].as_str(), Some("crun"));
+        assert!(
+            runtimes.get("runc").is_none(),
+            "a runtime the config does not name was added"
+        );
+        assert!(containerd_dropin((1, 6), Some("not [toml")).is_err());
     }
 }

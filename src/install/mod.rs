@@ -120,6 +120,12 @@ pub fn parse(args: &[String]) -> Result<Options, InstallError> {
     if !matches!(o.engine.as_str(), "auto" | "crio" | "containerd") {
         return Err(InstallError::Usage(format!("--engine {:?}", o.engine)));
     }
+    if !o.host.is_dir() {
+        return Err(InstallError::Usage(format!(
+            "--host {}: not a directory (the host's root)",
+            o.host.display()
+        )));
+    }
     Ok(o)
 }
 
@@ -228,7 +234,7 @@ fn install_config(o: &Options, st: &mut State, report: &mut Report) -> Result<()
 /// Writes `engine`'s drop-in (and containerd's import); returns whether the engine must
 /// restart to read them.
 fn register(o: &Options, engine: &Engine, st: &mut State, report: &mut Report) -> Result<bool, InstallError> {
-    let (path, body) = engines::dropin(engine, &o.payload)?;
+    let (path, body) = engines::dropin(engine, &o.host, &o.payload)?;
     let dest = host_path(&o.host, &path);
     let mut changed = false;
     if std::fs::read(&dest).ok().as_deref() != Some(&body[..]) {
