@@ -168,6 +168,27 @@ impl Harness {
         self.service().kill(&ctx(), req).await.map(drop)
     }
 
+    /// A Kill of init sent while the runtime's `kill` is held: once the call is in the
+    /// runtime, the gate that lets it finish and the request's task.
+    pub async fn held_kill(
+        &self,
+        signal: u32,
+    ) -> (
+        Arc<tokio::sync::Semaphore>,
+        tokio::task::JoinHandle<ttrpc::Result<containerd_shim_protos::protobuf::well_known_types::empty::Empty>>,
+    ) {
+        let gate = self.fake.hold("kill");
+        let svc = self.service();
+        let req = KillRequest {
+            id: "c1".into(),
+            signal,
+            ..Default::default()
+        };
+        let kill = tokio::spawn(async move { svc.kill(&ctx(), req).await });
+        self.fake.entered("kill", 1).await;
+        (gate, kill)
+    }
+
     pub async fn delete(&self, exec_id: &str) -> ttrpc::Result<u32> {
         let req = DeleteRequest {
             id: "c1".into(),
@@ -267,17 +288,7 @@ async fn kill_racing_the_exit_succeeds_for_sigterm_and_says_finished_otherwise()
     let h = harness();
     let pid = h.create().await;
     h.start("").await.unwrap();
-    let gate = h.fake.hold("kill");
-    let svc = h.service();
-    let kill = tokio::spawn(async move {
-        let req = KillRequest {
-            id: "c1".into(),
-            signal: libc::SIGTERM as u32,
-            ..Default::default()
-        };
-        svc.kill(&ctx(), req).await
-    });
-    h.fake.entered("kill", 1).await;
+    let (gate, kill) = h.held_kill(libc::SIGTERM as u32).await;
     // init dies on its own meanwhile; the runtime then finds nothing to signal
     h.fake.exit(pid, 0);
     h.fake.fail("kill", "container not running");
@@ -723,17 +734,7 @@ async fn an_exit_caused_by_a_kill_in_flight_is_published_after_the_kill_returns(
     let h = harness();
     let pid = h.create().await;
     h.start("").await.unwrap();
-    let gate = h.fake.hold("kill");
-    let svc = h.service();
-    let kill = tokio::spawn(async move {
-        let req = KillRequest {
-            id: "c1".into(),
-            signal: 9,
-            ..Default::default()
-        };
-        svc.kill(&ctx(), req).await
-    });
-    h.fake.entered("kill", 1).await;
+    let (gate, kill) = h.held_kill(libc::SIGKILL as u32).await;
     h.fake.exit(pid, 137);
     settle().await;
     assert_eq!(

@@ -68,6 +68,16 @@ struct Metrics {
     build: Gauges,
 }
 
+/// Registers each `(name, help, family)`.
+fn register_all<'m, M: prometheus_client::registry::Metric + Clone + 'm>(
+    r: &mut Registry,
+    families: impl IntoIterator<Item = (&'static str, &'static str, &'m M)>,
+) {
+    for (name, help, family) in families {
+        r.register(name, help, family.clone());
+    }
+}
+
 /// Aggregated state of the node's event log.
 pub struct Aggregator {
     registry: Registry,
@@ -139,9 +149,7 @@ impl Aggregator {
                 &m.dropped,
             ),
         ];
-        for (name, help, family) in counters {
-            r.register(name, help, family.clone());
-        }
+        register_all(r, counters);
         let gauges = [
             (
                 "gantry_containers_running",
@@ -159,9 +167,7 @@ impl Aggregator {
                 &m.memory,
             ),
         ];
-        for (name, help, family) in gauges {
-            r.register(name, help, family.clone());
-        }
+        register_all(r, gauges);
         r.register(
             "gantry_event_log_newer_schema_lines",
             "Event-log lines of a newer schema than this exporter reads, skipped",
