@@ -150,19 +150,8 @@ async fn start() -> Cri {
     let pause_dir = dir.join("pause-image");
     crate::common::busybox_image(&pause_dir, PAUSE_IMAGE, &["/pause"]);
 
-    let socket_dir = dir.join("s");
-    let runtime_root = dir.join("rt");
-    let config = dir.join("gantry.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[shim]\nsocket_dir = {:?}\nlog_level = \"debug\"\n[runtime]\nroot = {:?}\nsystemd_cgroup = {}\n",
-            socket_dir,
-            runtime_root,
-            systemd_driver()
-        ),
-    )
-    .unwrap();
+    let (socket_dir, runtime_root, config) =
+        super::gantry_config(&dir, &format!("systemd_cgroup = {}\n", systemd_driver()));
     // Under `<run dir>/cri-runc/rt`: the stale-run sweep deletes runc containers of every
     // `<run dir>/*/rt/*` root.
     let runc_root = base.dir.join("cri-runc").join("rt");

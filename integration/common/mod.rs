@@ -92,6 +92,18 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 /// The shared test environment; containerd starts on first use and dies with the test binary.
+/// gantry's config for a harness under `dir`: its socket directory `dir/s`, its runtime root
+/// `dir/rt` (the stale-run sweep deletes runc containers under `<run dir>/*/rt`), debug logs,
+/// and `runtime_extra` lines in `[runtime]`. Returns those two paths and the file's.
+pub fn gantry_config(dir: &Path, runtime_extra: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let (socket_dir, runtime_root, config) = (dir.join("s"), dir.join("rt"), dir.join("gantry.toml"));
+    let text = format!(
+        "[shim]\nsocket_dir = {socket_dir:?}\nlog_level = \"debug\"\n[runtime]\nroot = {runtime_root:?}\n{runtime_extra}"
+    );
+    std::fs::write(&config, text).unwrap();
+    (socket_dir, runtime_root, config)
+}
+
 pub fn env() -> &'static Env {
     ENV.get_or_init(|| {
         clean_stale_runs();
@@ -101,17 +113,7 @@ pub fn env() -> &'static Env {
         let image_dir = dir.join("image");
         busybox_image(&image_dir, IMAGE, &[]);
 
-        let socket_dir = dir.join("s");
-        let runtime_root = dir.join("rt");
-        let config = dir.join("gantry.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[shim]\nsocket_dir = {:?}\nlog_level = \"debug\"\n[runtime]\nroot = {:?}\n",
-                socket_dir, runtime_root
-            ),
-        )
-        .unwrap();
+        let (socket_dir, runtime_root, config) = gantry_config(&dir, "");
         let ctr_sock = dir.join("containerd.sock");
         let state_dir = dir.join("state");
         let cd_config = dir.join("containerd.toml");
