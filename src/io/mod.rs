@@ -409,26 +409,23 @@ impl ProcessIo {
     }
 
     /// Waits (bounded) for the terminal output copy to drain after the process exited, so the
-    /// client has all output before it learns of the exit.
-    ///
-    /// The input copy is left running: it holds the only read end of the stdin FIFO, and the
-    /// engine may still write to it (containerd's CRI forwards the EOF of a `crictl exec -it`
-    /// whose own stdin ended). Closed here, such a write fails with EPIPE, and for a terminal
-    /// containerd then closes the exec's stdout stream before reading what the process wrote.
-    ///
-    /// Returns false when the bound ended the copy: a process that left a child holding the
-    /// terminal, or a client that stopped reading. The caller logs it, so an operator asking
-    /// where output went has an answer.
+    /// client has all output before it learns of the exit. The input copy is left running: it
+    /// holds the only read end of the stdin FIFO, and the engine may still write to it
+    /// (containerd's CRI forwards the EOF of a `crictl exec -it` whose own stdin ended); closed
+    /// here, that write fails with EPIPE, and for a terminal containerd then closes the exec's
+    /// stdout stream before reading what the process wrote. False when the bound cut the copy
+    /// short (a child left holding the terminal, a client not reading): the caller logs it.
     #[must_use = "a copy cut short loses output; log it"]
     pub async fn drain(&self, timeout: Duration) -> bool {
-        let output = self.output.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let Some(c) = output else { return true };
+        let Some(c) = self.output.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return true;
+        };
         let abort = c.abort_handle();
-        if tokio::time::timeout(timeout, c).await.is_err() {
+        let done = tokio::time::timeout(timeout, c).await.is_ok();
+        if !done {
             abort.abort();
-            return false;
         }
-        true
+        done
     }
 
     /// Releases every handle and stops a binary logger (Delete).
