@@ -104,6 +104,14 @@ pub(super) fn harness_configured(
     }
 }
 
+/// A harness whose container c1 is created and started, and init's pid.
+async fn running() -> (Harness, i32) {
+    let h = harness();
+    let pid = h.create().await;
+    h.start("").await.unwrap();
+    (h, pid)
+}
+
 pub(super) fn harness() -> Harness {
     harness_with(|_| {})
 }
@@ -263,9 +271,7 @@ async fn an_init_exit_before_start_returns_is_reported_after_start() {
 /// leaves `id` empty for the init process (and sends no event for an exec's delete).
 #[tokio::test(start_paused = true)]
 async fn the_init_delete_event_matches_the_runc_shim_field_for_field() {
-    let h = harness();
-    let pid = h.create().await;
-    h.start("").await.unwrap();
+    let (h, pid) = running().await;
     h.add_exec("e1").await;
     let exec_pid = h.start("e1").await.unwrap();
     h.fake.exit(exec_pid as i32, 0);
@@ -285,9 +291,7 @@ async fn the_init_delete_event_matches_the_runc_shim_field_for_field() {
 
 #[tokio::test(start_paused = true)]
 async fn kill_racing_the_exit_succeeds_for_sigterm_and_says_finished_otherwise() {
-    let h = harness();
-    let pid = h.create().await;
-    h.start("").await.unwrap();
+    let (h, pid) = running().await;
     let (gate, kill) = h.held_kill(libc::SIGTERM as u32).await;
     // init dies on its own meanwhile; the runtime then finds nothing to signal
     h.fake.exit(pid, 0);
@@ -731,9 +735,7 @@ async fn a_pids_dropped_while_the_runtime_lists_still_finishes_the_call() {
 /// connection) has the Kill's reply first.
 #[tokio::test(start_paused = true)]
 async fn an_exit_caused_by_a_kill_in_flight_is_published_after_the_kill_returns() {
-    let h = harness();
-    let pid = h.create().await;
-    h.start("").await.unwrap();
+    let (h, pid) = running().await;
     let (gate, kill) = h.held_kill(libc::SIGKILL as u32).await;
     h.fake.exit(pid, 137);
     settle().await;

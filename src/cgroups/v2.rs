@@ -10,6 +10,17 @@ use protobuf::MessageField;
 
 use super::{get, parse_dev, read_keyed, read_opt, read_u64, CgroupError, Keyed};
 
+/// A message whose named fields are the keyed file's entries of the same names (cpu.stat and
+/// memory.events name their keys as containerd's fields), the rest default.
+macro_rules! from_keys {
+    ($kv:expr, $ty:ident { $($field:ident),* $(,)? }) => {
+        $ty {
+            $($field: get(&$kv, stringify!($field)),)*
+            ..Default::default()
+        }
+    };
+}
+
 /// Reads the metrics of the v2 cgroup at `dir`. Sections whose controller is not enabled there
 /// stay unset; [`CgroupError::Gone`] when `dir` no longer exists.
 pub fn v2_metrics(dir: &Path) -> Result<Metrics, CgroupError> {
@@ -25,30 +36,37 @@ pub fn v2_metrics(dir: &Path) -> Result<Metrics, CgroupError> {
         });
     }
     if let Some(kv) = read_keyed(&dir.join("cpu.stat"))? {
+        let fields = from_keys!(
+            kv,
+            CPUStat {
+                usage_usec,
+                user_usec,
+                system_usec,
+                nr_periods,
+                nr_throttled,
+                throttled_usec,
+                nr_bursts,
+                burst_usec
+            }
+        );
         m.cpu = MessageField::some(CPUStat {
-            usage_usec: get(&kv, "usage_usec"),
-            user_usec: get(&kv, "user_usec"),
-            system_usec: get(&kv, "system_usec"),
-            nr_periods: get(&kv, "nr_periods"),
-            nr_throttled: get(&kv, "nr_throttled"),
-            throttled_usec: get(&kv, "throttled_usec"),
-            nr_bursts: get(&kv, "nr_bursts"),
-            burst_usec: get(&kv, "burst_usec"),
             psi: psi(&dir.join("cpu.pressure"))?,
-            ..Default::default()
+            ..fields
         });
     }
     m.memory = MessageField::from_option(memory(dir)?);
     if let Some(kv) = read_keyed(&dir.join("memory.events"))? {
-        m.memory_events = MessageField::some(MemoryEvents {
-            low: get(&kv, "low"),
-            high: get(&kv, "high"),
-            max: get(&kv, "max"),
-            oom: get(&kv, "oom"),
-            oom_kill: get(&kv, "oom_kill"),
-            oom_group_kill: get(&kv, "oom_group_kill"),
-            ..Default::default()
-        });
+        m.memory_events = MessageField::some(from_keys!(
+            kv,
+            MemoryEvents {
+                low,
+                high,
+                max,
+                oom,
+                oom_kill,
+                oom_group_kill
+            }
+        ));
     }
     let io_stat = read_opt(&dir.join("io.stat"))?;
     let io_psi = psi(&dir.join("io.pressure"))?;
