@@ -458,6 +458,16 @@ fn spawn_start(h: &Harness, exec_id: &str) -> tokio::task::JoinHandle<ttrpc::Res
     tokio::spawn(async move { svc.start(&ctx(), req).await.map(|r| r.pid) })
 }
 
+/// Delete of init, as its own task (to race it against another request).
+fn spawn_delete(h: &Harness) -> tokio::task::JoinHandle<ttrpc::Result<containerd_shim_protos::api::DeleteResponse>> {
+    let svc = h.service();
+    let req = DeleteRequest {
+        id: "c1".into(),
+        ..Default::default()
+    };
+    tokio::spawn(async move { svc.delete(&ctx(), req).await })
+}
+
 fn exits(events: &[String]) -> Vec<&str> {
     events
         .iter()
@@ -578,14 +588,7 @@ async fn delete_racing_the_start_of_a_created_init_waits_for_it() {
     let gate = h.fake.hold("start");
     let start = spawn_start(&h, "");
     h.fake.entered("start", 1).await;
-    let svc = h.service();
-    let delete = tokio::spawn(async move {
-        let req = DeleteRequest {
-            id: "c1".into(),
-            ..Default::default()
-        };
-        svc.delete(&ctx(), req).await
-    });
+    let delete = spawn_delete(&h);
     settle().await;
     assert!(
         !h.fake.calls().iter().any(|c| c.starts_with("delete")),
@@ -604,14 +607,7 @@ async fn delete_racing_the_start_of_a_created_init_waits_for_it() {
     h.fake.fail("start", "runc start failed: boom");
     let start = spawn_start(&h, "");
     h.fake.entered("start", 1).await;
-    let svc = h.service();
-    let delete = tokio::spawn(async move {
-        let req = DeleteRequest {
-            id: "c1".into(),
-            ..Default::default()
-        };
-        svc.delete(&ctx(), req).await
-    });
+    let delete = spawn_delete(&h);
     settle().await;
     gate.add_permits(1);
     assert_eq!(code(start.await.unwrap()), ttrpc::Code::UNKNOWN);
