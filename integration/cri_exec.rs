@@ -107,7 +107,8 @@ async fn cri_tty_exec_output_is_complete_with_stdin_at_eof() {
         // containerd's runc shim, 31 of 67 with gantry), so it cannot tell gantry apart.
         let stdin = if i % 2 == 0 { Stdin::EofKey } else { Stdin::Open };
         let r = stream_exec(&mut c, &box_id, &["tty"], true, stdin).await;
-        if !r.stdout_text().contains("/dev/pts/") || r.exit_code() != Some(0) {
+        // The exit code is checked whenever the client could read it (see `Streamed::reset`).
+        if !r.stdout_text().contains("/dev/pts/") || (r.exit_code() != Some(0) && !r.reset) {
             lost.push(format!("run {i}: {r:?}"));
         }
     }
@@ -115,7 +116,7 @@ async fn cri_tty_exec_output_is_complete_with_stdin_at_eof() {
     for i in 0..MIB_RUNS {
         let r = stream_exec(&mut c, &box_id, &["sh", "-c", mib], true, Stdin::EofKey).await;
         let xs = r.stdout.iter().filter(|&&b| b == b'x').count();
-        if xs != 1 << 20 || r.exit_code() != Some(0) {
+        if xs != 1 << 20 || (r.exit_code() != Some(0) && !r.reset) {
             lost.push(format!(
                 "1 MiB run {i}: {xs} bytes, status {}",
                 String::from_utf8_lossy(&r.status)

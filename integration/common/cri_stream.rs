@@ -44,6 +44,10 @@ pub struct Streamed {
     pub stderr: Vec<u8>,
     /// The status channel's JSON (a Kubernetes `Status`).
     pub status: Vec<u8>,
+    /// The server reset the connection under a stdin write that crossed its close, before the
+    /// status was read: the status may have been dropped with it (a client-side race; kubectl
+    /// and crictl see the same reset), the output before it is whole.
+    pub reset: bool,
 }
 
 impl std::fmt::Debug for Streamed {
@@ -54,6 +58,7 @@ impl std::fmt::Debug for Streamed {
             .field("stdout_len", &self.stdout.len())
             .field("stderr", &text(&self.stderr))
             .field("status", &text(&self.status))
+            .field("reset", &self.reset)
             .finish()
     }
 }
@@ -134,17 +139,27 @@ pub fn attach(url: &str, stdin: &Stdin, limit: Duration) -> Result<Streamed, Str
                 if let Some(bytes) = frame {
                     let mut msg = vec![STDIN];
                     msg.extend_from_slice(&bytes);
-                    // A write racing the server's close is not an error of the exec.
-                    if let Err(e) = ws.send(Message::Binary(msg.into())) {
-                        if got.status.is_empty() && !matches!(e, Error::ConnectionClosed | Error::AlreadyClosed) {
-                            return Err(format!("{url}: stdin: {e}; so far {got:?}"));
+                    // A write racing the server's close is not an error of the exec; when the
+                    // server answers it with a reset, the kernel drops what was still unread
+                    // (the status frame, sent last): say so rather than fail.
+                    match ws.send(Message::Binary(msg.into())) {
+                        Ok(()) | Err(Error::ConnectionClosed | Error::AlreadyClosed) => {}
+                        Err(Error::Io(e)) if e.kind() == ErrorKind::ConnectionReset && got.status.is_empty() => {
+                            got.reset = true;
+                            return Ok(got);
                         }
+                        Err(_) if !got.status.is_empty() => {}
+                        Err(e) => return Err(format!("{url}: stdin: {e}; so far {got:?}")),
                     }
                 }
             }
             // Once the status is in, the exec is over: the server may reset the connection
             // instead of closing it (a stdin write crossed its close).
             Err(_) if !got.status.is_empty() => return Ok(got),
+            Err(Error::Io(e)) if e.kind() == ErrorKind::ConnectionReset => {
+                got.reset = true;
+                return Ok(got);
+            }
             Err(e) => return Err(format!("{url}: {e}; so far {got:?}")),
         }
     }
