@@ -143,8 +143,13 @@ pub struct Report {
     pub kept: Vec<String>,
 }
 
+/// One progress line on stderr in one write: unbuffered `eprintln!` writes its pieces
+/// separately, and the container log merges stdout and stderr as written, so the JSON report
+/// on stdout could land between "gantry-install: " and the rest of the line.
 pub(crate) fn step(what: &str) {
-    eprintln!("gantry-install: {what}");
+    use std::io::Write;
+    let line = format!("gantry-install: {what}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// Holds the host-wide installer lock until dropped.
@@ -458,11 +463,14 @@ pub fn main(action: &str, args: &[String]) -> i32 {
     });
     match result {
         Ok(report) => {
-            println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            // One write for the same reason as `step`.
+            use std::io::Write;
+            let line = format!("{}\n", serde_json::to_string(&report).unwrap_or_default());
+            let _ = std::io::stdout().lock().write_all(line.as_bytes());
             0
         }
         Err(e) => {
-            eprintln!("gantry-install: error: {e}");
+            step(&format!("error: {e}"));
             1
         }
     }
