@@ -267,83 +267,42 @@ fn every_request_form() {
         want_devices: Vec<String>,
         want_gpus: Vec<&'static str>,
     }
+    /// One row: the container's env, its annotations and the configured defaults; the
+    /// devices and GPU nodes they must resolve to.
+    fn case(
+        env: &[&str],
+        ann: &[(&'static str, &str)],
+        defaults: &[&str],
+        want: &[&str],
+        gpus: &[&'static str],
+    ) -> Case {
+        let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        Case {
+            env: own(env),
+            ann: ann.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+            defaults: own(defaults),
+            want_devices: own(want),
+            want_gpus: gpus.to_vec(),
+        }
+    }
     let s = |v: &str| v.to_string();
+    let by_uuid = format!("nvidia.com/gpu={uuid}");
+    let env_uuid = format!("NVIDIA_VISIBLE_DEVICES={uuid}");
+    let (gpu0, gpu1, both) = ("nvidia.com/gpu=0", "nvidia.com/gpu=1", ["/dev/nvidia0", "/dev/nvidia1"]);
+    #[rustfmt::skip] // one case a line
     let cases = vec![
-        Case {
-            env: vec![],
-            ann: vec![("gantry.dev/devices", s("nvidia.com/gpu=0"))],
-            defaults: vec![],
-            want_devices: vec![s("nvidia.com/gpu=0")],
-            want_gpus: vec!["/dev/nvidia0"],
-        },
-        Case {
-            env: vec![],
-            ann: vec![("cdi.k8s.io/a", s("nvidia.com/gpu=0,nvidia.com/gpu=1"))],
-            defaults: vec![],
-            want_devices: vec![s("nvidia.com/gpu=0"), s("nvidia.com/gpu=1")],
-            want_gpus: vec!["/dev/nvidia0", "/dev/nvidia1"],
-        },
-        Case {
-            env: vec![],
-            ann: vec![("cdi.k8s.io/a", format!("nvidia.com/gpu={uuid}"))],
-            defaults: vec![],
-            want_devices: vec![format!("nvidia.com/gpu={uuid}")],
-            want_gpus: vec!["/dev/nvidia1"],
-        },
-        Case {
-            env: vec![],
-            ann: vec![],
-            defaults: vec![s("nvidia.com/gpu=1")],
-            want_devices: vec![s("nvidia.com/gpu=1")],
-            want_gpus: vec!["/dev/nvidia1"],
-        },
-        Case {
-            env: vec![s("NVIDIA_VISIBLE_DEVICES=all")],
-            ann: vec![],
-            defaults: vec![],
-            want_devices: vec![s("nvidia.com/gpu=all")],
-            want_gpus: vec!["/dev/nvidia0", "/dev/nvidia1"],
-        },
-        Case {
-            env: vec![s("NVIDIA_VISIBLE_DEVICES=1,0")],
-            ann: vec![],
-            defaults: vec![],
-            want_devices: vec![s("nvidia.com/gpu=1"), s("nvidia.com/gpu=0")],
-            want_gpus: vec!["/dev/nvidia1", "/dev/nvidia0"],
-        },
-        Case {
-            env: vec![format!("NVIDIA_VISIBLE_DEVICES={uuid}")],
-            ann: vec![],
-            defaults: vec![],
-            want_devices: vec![format!("nvidia.com/gpu={uuid}")],
-            want_gpus: vec!["/dev/nvidia1"],
-        },
+        case(&[], &[("gantry.dev/devices", gpu0)], &[], &[gpu0], &["/dev/nvidia0"]),
+        case(&[], &[("cdi.k8s.io/a", "nvidia.com/gpu=0,nvidia.com/gpu=1")], &[], &[gpu0, gpu1], &both),
+        case(&[], &[("cdi.k8s.io/a", &by_uuid)], &[], &[&by_uuid], &["/dev/nvidia1"]),
+        case(&[], &[], &[gpu1], &[gpu1], &["/dev/nvidia1"]),
+        case(&["NVIDIA_VISIBLE_DEVICES=all"], &[], &[], &["nvidia.com/gpu=all"], &both),
+        case(&["NVIDIA_VISIBLE_DEVICES=1,0"], &[], &[], &[gpu1, gpu0], &["/dev/nvidia1", "/dev/nvidia0"]),
+        case(&[&env_uuid], &[], &[], &[&by_uuid], &["/dev/nvidia1"]),
         // explicit request + image default env=all: the CDI void marker wins
-        Case {
-            env: vec![s("NVIDIA_VISIBLE_DEVICES=all")],
-            ann: vec![("gantry.dev/devices", s("nvidia.com/gpu=0"))],
-            defaults: vec![],
-            want_devices: vec![s("nvidia.com/gpu=0")],
-            want_gpus: vec!["/dev/nvidia0"],
-        },
+        case(&["NVIDIA_VISIBLE_DEVICES=all"], &[("gantry.dev/devices", gpu0)], &[], &[gpu0], &["/dev/nvidia0"]),
         // the same device from two sources is injected once
-        Case {
-            env: vec![],
-            ann: vec![
-                ("gantry.dev/devices", s("nvidia.com/gpu=0")),
-                ("cdi.k8s.io/b", s("nvidia.com/gpu=0")),
-            ],
-            defaults: vec![s("nvidia.com/gpu=0")],
-            want_devices: vec![s("nvidia.com/gpu=0")],
-            want_gpus: vec!["/dev/nvidia0"],
-        },
-        Case {
-            env: vec![s("NVIDIA_VISIBLE_DEVICES=none")],
-            ann: vec![],
-            defaults: vec![],
-            want_devices: vec![],
-            want_gpus: vec![],
-        },
+        case(&[], &[("gantry.dev/devices", gpu0), ("cdi.k8s.io/b", gpu0)], &[gpu0], &[gpu0], &["/dev/nvidia0"]),
+        case(&["NVIDIA_VISIBLE_DEVICES=none"], &[], &[], &[], &[]),
     ];
     for (i, c) in cases.into_iter().enumerate() {
         let env: Vec<&str> = c.env.iter().map(String::as_str).collect();
