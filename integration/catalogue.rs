@@ -17,6 +17,7 @@ use crate::common::{
 };
 
 type Patch = fn(&mut serde_json::Value);
+type Request = Box<dyn Fn(&mut CreateTaskRequest, &Path)>;
 
 /// A Create that must be refused: how its bundle and request differ from a good one.
 struct CreateCase {
@@ -24,13 +25,14 @@ struct CreateCase {
     patch: Patch,
     /// Replaces config.json with these bytes when set.
     raw: Option<fn() -> Vec<u8>>,
-    request: fn(&mut CreateTaskRequest, &Path),
+    request: Request,
     code: Code,
     says: &'static str,
 }
 
+const INVALID: Code = Code::INVALID_ARGUMENT;
+
 fn keep(_: &mut serde_json::Value) {}
-fn same(_: &mut CreateTaskRequest, _: &Path) {}
 
 fn json_any(type_url: &str, v: serde_json::Value) -> Any {
     let mut any = Any::new();
@@ -39,414 +41,159 @@ fn json_any(type_url: &str, v: serde_json::Value) -> Any {
     any
 }
 
-fn create_cases() -> Vec<CreateCase> {
-    let c = |name, patch: Patch, request: fn(&mut CreateTaskRequest, &Path), code, says| CreateCase {
+/// A case that changes config.json (through `patch`) and the request.
+fn both(name: &'static str, patch: Patch, request: Request, code: Code, says: &'static str) -> CreateCase {
+    CreateCase {
         name,
         patch,
         raw: None,
         request,
         code,
         says,
-    };
-    let raw = |name, raw: fn() -> Vec<u8>, code, says| CreateCase {
-        name,
-        patch: keep,
+    }
+}
+
+/// A case that changes config.json only.
+fn spec(name: &'static str, patch: Patch, code: Code, says: &'static str) -> CreateCase {
+    both(name, patch, Box::new(|_, _| {}), code, says)
+}
+
+/// A case that changes the request only.
+fn req(name: &'static str, request: fn(&mut CreateTaskRequest, &Path), code: Code, says: &'static str) -> CreateCase {
+    both(name, keep, Box::new(request), code, says)
+}
+
+/// A case whose config.json is these bytes.
+fn raw(name: &'static str, raw: fn() -> Vec<u8>, code: Code, says: &'static str) -> CreateCase {
+    CreateCase {
         raw: Some(raw),
-        request: same,
-        code,
-        says,
+        ..spec(name, keep, code, says)
+    }
+}
+
+/// A case whose request points at a shim config file holding `text` (and changes config.json
+/// through `patch`).
+fn shim_config(name: &'static str, patch: Patch, text: &'static str, says: &'static str) -> CreateCase {
+    let file = format!("{}.toml", name.replace(' ', "-"));
+    let request = move |r: &mut CreateTaskRequest, bundle: &Path| {
+        let path = bundle.parent().unwrap().join(&file);
+        std::fs::write(&path, text).unwrap();
+        r.options = MessageField::some(runtimeoptions_any(&path));
     };
+    both(name, patch, Box::new(request), INVALID, says)
+}
+
+fn create_cases() -> Vec<CreateCase> {
+    let mut cases = spec_cases();
+    cases.extend(request_cases());
+    cases.extend(config_cases());
+    cases
+}
+
+/// config.json that is not a spec, or a spec the runtime cannot run.
+#[rustfmt::skip] // one case a line: rustfmt would spread each over seven
+fn spec_cases() -> Vec<CreateCase> {
     vec![
-        raw(
-            "truncated json",
-            || b"{\"ociVersion\": \"1.0.2\", \"process\": [".to_vec(),
-            Code::INVALID_ARGUMENT,
-            "config.json",
-        ),
-        raw(
-            "not json at all",
-            || b"\x00\x01garbage".to_vec(),
-            Code::INVALID_ARGUMENT,
-            "malformed",
-        ),
-        raw("empty file", Vec::new, Code::INVALID_ARGUMENT, "malformed"),
-        raw(
-            "a json array",
-            || b"[1, 2, 3]".to_vec(),
-            Code::INVALID_ARGUMENT,
-            "malformed",
-        ),
-        c(
-            "process of the wrong type",
-            |s| s["process"] = "sh".into(),
-            same,
-            Code::INVALID_ARGUMENT,
-            "malformed",
-        ),
-        c(
-            "args of the wrong type",
-            |s| s["process"]["args"] = 7.into(),
-            same,
-            Code::INVALID_ARGUMENT,
-            "malformed",
-        ),
-        c(
-            "annotations of the wrong type",
-            |s| s["annotations"] = serde_json::json!([1]),
-            same,
-            Code::INVALID_ARGUMENT,
-            "malformed",
-        ),
-        c(
-            "root of the wrong type",
-            |s| s["root"] = "x".into(),
-            same,
-            Code::INVALID_ARGUMENT,
-            "malformed",
-        ),
-        c(
-            "missing rootfs",
-            |s| s["root"]["path"] = "/nonexistent/rootfs".into(),
-            same,
-            Code::INVALID_ARGUMENT,
-            "/nonexistent/rootfs",
-        ),
-        c(
-            "missing root",
-            |s| {
-                s.as_object_mut().unwrap().remove("root");
-            },
-            same,
-            Code::INVALID_ARGUMENT,
-            "rootfs",
-        ),
-        c(
-            "missing process",
-            |s| {
-                s.as_object_mut().unwrap().remove("process");
-            },
-            same,
-            Code::UNKNOWN,
-            "process",
-        ),
-        c(
-            "executable not found",
-            |s| s["process"]["args"] = serde_json::json!(["/no/such/binary"]),
-            same,
-            Code::UNKNOWN,
-            "/no/such/binary",
-        ),
-        c(
-            "netns path that does not exist",
-            |s| {
-                let bad = serde_json::json!({"type": "network", "path": "/proc/self/ns/no-such-ns"});
-                s["linux"]["namespaces"].as_array_mut().unwrap().push(bad);
-            },
-            same,
-            Code::UNKNOWN,
-            "no-such-ns",
-        ),
-        c(
-            "id with a slash",
-            keep,
-            |r, _| r.id = "a/b".into(),
-            Code::INVALID_ARGUMENT,
-            "invalid id",
-        ),
-        c(
-            "id ..",
-            keep,
-            |r, _| r.id = "..".into(),
-            Code::INVALID_ARGUMENT,
-            "invalid id",
-        ),
-        c(
-            "id escaping",
-            keep,
-            |r, _| r.id = "../escape".into(),
-            Code::INVALID_ARGUMENT,
-            "invalid id",
-        ),
-        c(
-            "empty id",
-            keep,
-            |r, _| r.id = String::new(),
-            Code::INVALID_ARGUMENT,
-            "invalid id",
-        ),
-        c(
-            "id with NUL",
-            keep,
-            |r, _| r.id = "a\0b".into(),
-            Code::INVALID_ARGUMENT,
-            "invalid id",
-        ),
-        c(
-            "id with a space",
-            keep,
-            |r, _| r.id = "a b".into(),
-            Code::INVALID_ARGUMENT,
-            "invalid id",
-        ),
-        c(
-            "id of 1025 bytes",
-            keep,
-            |r, _| r.id = "x".repeat(1025),
-            Code::INVALID_ARGUMENT,
-            "invalid id",
-        ),
-        c(
-            "relative bundle",
-            keep,
-            |r, _| r.bundle = "relative/bundle".into(),
-            Code::INVALID_ARGUMENT,
-            "relative/bundle",
-        ),
-        c(
-            "missing bundle",
-            keep,
-            |r, _| r.bundle = "/nonexistent/bundle".into(),
-            Code::INVALID_ARGUMENT,
-            "/nonexistent/bundle",
-        ),
-        c(
-            "restore from a checkpoint",
-            keep,
-            |r, _| r.checkpoint = "/tmp/cp".into(),
-            Code::UNIMPLEMENTED,
-            "checkpoint",
-        ),
-        c(
-            "stdin that does not exist",
-            keep,
-            |r, d| r.stdin = d.join("no-stdin").to_str().unwrap().into(),
-            Code::INVALID_ARGUMENT,
-            "no-stdin",
-        ),
-        c(
-            "stdout in a missing directory",
-            keep,
-            |r, d| r.stdout = d.join("gone/out").to_str().unwrap().into(),
-            Code::INVALID_ARGUMENT,
-            "gone/out",
-        ),
-        c(
-            "stdout that is a directory",
-            keep,
-            |r, d| r.stdout = d.to_str().unwrap().into(),
-            Code::INVALID_ARGUMENT,
-            "stdout",
-        ),
-        c(
-            "stdout with an unknown scheme",
-            keep,
-            |r, _| r.stdout = "tcp://127.0.0.1:9".into(),
-            Code::INVALID_ARGUMENT,
-            "tcp://",
-        ),
-        c(
-            "relative file:// stdout",
-            keep,
-            |r, _| r.stdout = "file://rel/out.log".into(),
-            Code::INVALID_ARGUMENT,
-            "absolute",
-        ),
-        c(
-            "relative binary:// stdout",
-            keep,
-            |r, _| r.stdout = "binary://logger".into(),
-            Code::INVALID_ARGUMENT,
-            "absolute",
-        ),
-        c(
-            "binary:// logger that does not exist",
-            keep,
-            |r, _| r.stdout = "binary:///no/such/logger".into(),
-            Code::INVALID_ARGUMENT,
-            "/no/such/logger",
-        ),
-        c(
-            "file:// into a read-only directory",
-            keep,
-            |r, d| {
-                r.stdout = format!("file://{}/ro/out.log", d.parent().unwrap().parent().unwrap().display());
-            },
-            Code::INVALID_ARGUMENT,
-            "Read-only",
-        ),
-        c(
-            "unknown rootfs mount type",
-            |s| s["root"]["path"] = "rootfs".into(),
-            |r, _| {
-                r.rootfs = vec![containerd_shim_protos::types::mount::Mount {
-                    type_: "no-such-fs".into(),
-                    source: "none".into(),
-                    ..Default::default()
-                }];
-            },
-            Code::INVALID_ARGUMENT,
-            "no-such-fs",
-        ),
-        c(
-            "rootfs bind of a missing source",
-            |s| s["root"]["path"] = "rootfs".into(),
-            |r, _| {
-                r.rootfs = vec![containerd_shim_protos::types::mount::Mount {
-                    type_: "bind".into(),
-                    source: "/nonexistent/layer".into(),
-                    options: vec!["rbind".into()],
-                    ..Default::default()
-                }];
-            },
-            Code::INVALID_ARGUMENT,
-            "/nonexistent/layer",
-        ),
-        c(
-            "shim config with a syntax error",
-            keep,
-            |r, d| config(r, d, "syntax.toml", "[runtime\nbinary = 1"),
-            Code::INVALID_ARGUMENT,
-            "syntax.toml",
-        ),
-        c(
-            "shim config with an unknown key",
-            keep,
-            |r, d| config(r, d, "unknown.toml", "[runtime]\nbinnary = \"crun\"\n"),
-            Code::INVALID_ARGUMENT,
-            "binnary",
-        ),
-        c(
-            "shim config error names its line",
-            keep,
-            |r, d| config(r, d, "line.toml", "[runtime]\n\nsystemd_cgroup = \"maybe\"\n"),
-            Code::INVALID_ARGUMENT,
-            "line 3",
-        ),
-        c(
-            "shim config with a wrong type",
-            keep,
-            |r, d| config(r, d, "type.toml", "[runtime]\nsystemd_cgroup = \"maybe\"\n"),
-            Code::INVALID_ARGUMENT,
-            "runtime.systemd_cgroup",
-        ),
-        c(
-            "shim config that does not exist",
-            keep,
-            |r, d| {
-                r.options = MessageField::some(runtimeoptions_any(&d.join("absent.toml")));
-            },
-            Code::INVALID_ARGUMENT,
-            "absent.toml",
-        ),
-        c(
-            "OCI runtime that does not exist",
-            keep,
-            |r, d| config(r, d, "nort.toml", "[runtime]\nbinary = \"/nonexistent/runc\"\n"),
-            Code::UNKNOWN,
-            "/nonexistent/runc",
-        ),
-        c(
-            "unknown CDI device",
-            |s| s["annotations"]["gantry.dev/devices"] = "nvidia.com/gpu=7".into(),
-            same,
-            Code::INVALID_ARGUMENT,
-            "nvidia.com/gpu=7",
-        ),
-        c(
-            "malformed CDI name",
-            |s| s["annotations"]["gantry.dev/devices"] = "not a device name".into(),
-            same,
-            Code::INVALID_ARGUMENT,
-            "not a device name",
-        ),
-        c(
-            "seccomp profile naming an unknown syscall",
-            |s| {
-                s["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ERRNO",
-                "syscalls": [{"names": ["notasyscall"], "action": "SCMP_ACT_ALLOW"}]});
-            },
-            |r, d| config(r, d, "sec-unknown.toml", "[security]\nunknown_syscalls = \"reject\"\n"),
-            Code::INVALID_ARGUMENT,
-            "notasyscall",
-        ),
-        c(
-            "seccomp profile with an invalid architecture",
-            |s| {
-                s["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ERRNO",
+        raw("truncated json", || b"{\"ociVersion\": \"1.0.2\", \"process\": [".to_vec(), INVALID, "config.json"),
+        raw("not json at all", || b"\x00\x01garbage".to_vec(), INVALID, "malformed"),
+        raw("empty file", Vec::new, INVALID, "malformed"),
+        raw("a json array", || b"[1, 2, 3]".to_vec(), INVALID, "malformed"),
+        spec("process of the wrong type", |s| s["process"] = "sh".into(), INVALID, "malformed"),
+        spec("args of the wrong type", |s| s["process"]["args"] = 7.into(), INVALID, "malformed"),
+        spec("annotations of the wrong type", |s| s["annotations"] = serde_json::json!([1]), INVALID, "malformed"),
+        spec("root of the wrong type", |s| s["root"] = "x".into(), INVALID, "malformed"),
+        spec("missing rootfs", |s| s["root"]["path"] = "/nonexistent/rootfs".into(), INVALID, "/nonexistent/rootfs"),
+        spec("missing root", |s| drop(s.as_object_mut().unwrap().remove("root")), INVALID, "rootfs"),
+        spec("missing process", |s| drop(s.as_object_mut().unwrap().remove("process")), Code::UNKNOWN, "process"),
+        spec("executable not found", |s| s["process"]["args"] = serde_json::json!(["/no/such/binary"]), Code::UNKNOWN, "/no/such/binary"),
+        spec("netns path that does not exist", |s| {
+            let bad = serde_json::json!({"type": "network", "path": "/proc/self/ns/no-such-ns"});
+            s["linux"]["namespaces"].as_array_mut().unwrap().push(bad);
+        }, Code::UNKNOWN, "no-such-ns"),
+        spec("unknown CDI device", |s| s["annotations"]["gantry.dev/devices"] = "nvidia.com/gpu=7".into(), INVALID, "nvidia.com/gpu=7"),
+        spec("malformed CDI name", |s| s["annotations"]["gantry.dev/devices"] = "not a device name".into(), INVALID, "not a device name"),
+        spec("CDI annotation naming an unknown vendor", |s| s["annotations"]["cdi.k8s.io/x"] = "example.com/nic=0".into(), INVALID, "example.com/nic=0"),
+        spec("seccomp profile with an invalid architecture", |s| {
+            s["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ERRNO",
                 "architectures": ["SCMP_ARCH_NOPE"], "syscalls": []});
-            },
-            same,
-            Code::INVALID_ARGUMENT,
-            "SCMP_ARCH_NOPE",
-        ),
-        c(
-            "seccomp rule with an argument index past 5",
-            |s| {
-                s["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ERRNO",
+        }, INVALID, "SCMP_ARCH_NOPE"),
+        spec("seccomp rule with an argument index past 5", |s| {
+            s["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ERRNO",
                 "syscalls": [{"names": ["clone"], "action": "SCMP_ACT_ALLOW",
                     "args": [{"index": 9, "value": 1, "op": "SCMP_CMP_EQ"}]}]});
-            },
-            same,
-            Code::INVALID_ARGUMENT,
-            "index",
-        ),
-        c(
-            "allow-by-default seccomp profile under require_default_deny",
-            |s| {
-                s["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": []});
-            },
-            |r, d| config(r, d, "sec-deny.toml", "[security]\nrequire_default_deny = true\n"),
-            Code::INVALID_ARGUMENT,
-            "SCMP_ACT_ALLOW",
-        ),
-        c(
-            "capability outside the allow-list",
-            keep,
-            |r, d| {
-                config(
-                    r,
-                    d,
-                    "sec-caps.toml",
-                    "[security]\nallowed_capabilities = [\"CAP_KILL\"]\ncapability_violation = \"reject\"\n",
-                )
-            },
-            Code::INVALID_ARGUMENT,
-            "CAP_AUDIT_WRITE",
-        ),
-        c(
-            "privileged container where none is allowed",
-            |s| {
-                let all = serde_json::json!(["CAP_SYS_ADMIN", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_KILL"]);
-                for set in ["bounding", "effective", "permitted"] {
-                    s["process"]["capabilities"][set] = all.clone();
-                }
-            },
-            |r, d| config(r, d, "sec-priv.toml", "[security]\nallow_privileged = false\n"),
-            Code::INVALID_ARGUMENT,
-            "privileged",
-        ),
-        c(
-            "AppArmor profile on a host without AppArmor, under reject",
-            |s| s["process"]["apparmorProfile"] = "gantry-test".into(),
-            |r, d| config(r, d, "sec-aa.toml", "[security]\napparmor_unavailable = \"reject\"\n"),
-            Code::INVALID_ARGUMENT,
-            "gantry-test",
-        ),
-        c(
-            "CDI annotation naming an unknown vendor",
-            |s| s["annotations"]["cdi.k8s.io/x"] = "example.com/nic=0".into(),
-            same,
-            Code::INVALID_ARGUMENT,
-            "example.com/nic=0",
-        ),
+        }, INVALID, "index"),
     ]
 }
 
-/// Points the request at a shim config file holding `text`.
-fn config(r: &mut CreateTaskRequest, bundle: &Path, name: &str, text: &str) {
-    let path = bundle.parent().unwrap().join(name);
-    std::fs::write(&path, text).unwrap();
-    r.options = MessageField::some(runtimeoptions_any(&path));
+/// Requests with a bad id, bundle, checkpoint, stdio or rootfs mount.
+#[rustfmt::skip] // one case a line: rustfmt would spread each over seven
+fn request_cases() -> Vec<CreateCase> {
+    let rootfs = |type_: &str, source: &str, options: &[&str]| {
+        vec![containerd_shim_protos::types::mount::Mount {
+            type_: type_.into(),
+            source: source.into(),
+            options: options.iter().map(|o| o.to_string()).collect(),
+            ..Default::default()
+        }]
+    };
+    let rootfs_case = |name, r: Request, says| both(name, |s| s["root"]["path"] = "rootfs".into(), r, INVALID, says);
+    vec![
+        req("id with a slash", |r, _| r.id = "a/b".into(), INVALID, "invalid id"),
+        req("id ..", |r, _| r.id = "..".into(), INVALID, "invalid id"),
+        req("id escaping", |r, _| r.id = "../escape".into(), INVALID, "invalid id"),
+        req("empty id", |r, _| r.id = String::new(), INVALID, "invalid id"),
+        req("id with NUL", |r, _| r.id = "a\0b".into(), INVALID, "invalid id"),
+        req("id with a space", |r, _| r.id = "a b".into(), INVALID, "invalid id"),
+        req("id of 1025 bytes", |r, _| r.id = "x".repeat(1025), INVALID, "invalid id"),
+        req("relative bundle", |r, _| r.bundle = "relative/bundle".into(), INVALID, "relative/bundle"),
+        req("missing bundle", |r, _| r.bundle = "/nonexistent/bundle".into(), INVALID, "/nonexistent/bundle"),
+        req("restore from a checkpoint", |r, _| r.checkpoint = "/tmp/cp".into(), Code::UNIMPLEMENTED, "checkpoint"),
+        req("stdin that does not exist", |r, d| r.stdin = d.join("no-stdin").to_str().unwrap().into(), INVALID, "no-stdin"),
+        req("stdout in a missing directory", |r, d| r.stdout = d.join("gone/out").to_str().unwrap().into(), INVALID, "gone/out"),
+        req("stdout that is a directory", |r, d| r.stdout = d.to_str().unwrap().into(), INVALID, "stdout"),
+        req("stdout with an unknown scheme", |r, _| r.stdout = "tcp://127.0.0.1:9".into(), INVALID, "tcp://"),
+        req("relative file:// stdout", |r, _| r.stdout = "file://rel/out.log".into(), INVALID, "absolute"),
+        req("relative binary:// stdout", |r, _| r.stdout = "binary://logger".into(), INVALID, "absolute"),
+        req("binary:// logger that does not exist", |r, _| r.stdout = "binary:///no/such/logger".into(), INVALID, "/no/such/logger"),
+        req("file:// into a read-only directory", |r, d| {
+            r.stdout = format!("file://{}/ro/out.log", d.parent().unwrap().parent().unwrap().display());
+        }, INVALID, "Read-only"),
+        rootfs_case("unknown rootfs mount type", Box::new(move |r, _| r.rootfs = rootfs("no-such-fs", "none", &[])), "no-such-fs"),
+        rootfs_case("rootfs bind of a missing source", Box::new(move |r, _| r.rootfs = rootfs("bind", "/nonexistent/layer", &["rbind"])), "/nonexistent/layer"),
+    ]
+}
+
+/// Shim configs that do not load, and specs the security policy refuses.
+#[rustfmt::skip] // one case a line: rustfmt would spread each over seven
+fn config_cases() -> Vec<CreateCase> {
+    vec![
+        shim_config("shim config with a syntax error", keep, "[runtime\nbinary = 1", "syntax-error.toml"),
+        shim_config("shim config with an unknown key", keep, "[runtime]\nbinnary = \"crun\"\n", "binnary"),
+        shim_config("shim config error names its line", keep, "[runtime]\n\nsystemd_cgroup = \"maybe\"\n", "line 3"),
+        shim_config("shim config with a wrong type", keep, "[runtime]\nsystemd_cgroup = \"maybe\"\n", "runtime.systemd_cgroup"),
+        req("shim config that does not exist", |r, d| r.options = MessageField::some(runtimeoptions_any(&d.join("absent.toml"))), INVALID, "absent.toml"),
+        CreateCase {
+            code: Code::UNKNOWN,
+            ..shim_config("OCI runtime that does not exist", keep, "[runtime]\nbinary = \"/nonexistent/runc\"\n", "/nonexistent/runc")
+        },
+        shim_config("seccomp profile naming an unknown syscall", |s| {
+            s["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ERRNO",
+                "syscalls": [{"names": ["notasyscall"], "action": "SCMP_ACT_ALLOW"}]});
+        }, "[security]\nunknown_syscalls = \"reject\"\n", "notasyscall"),
+        shim_config("allow-by-default seccomp profile under require_default_deny", |s| {
+            s["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": []});
+        }, "[security]\nrequire_default_deny = true\n", "SCMP_ACT_ALLOW"),
+        shim_config("capability outside the allow-list", keep,
+            "[security]\nallowed_capabilities = [\"CAP_KILL\"]\ncapability_violation = \"reject\"\n", "CAP_AUDIT_WRITE"),
+        shim_config("privileged container where none is allowed", |s| {
+            let all = serde_json::json!(["CAP_SYS_ADMIN", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_KILL"]);
+            for set in ["bounding", "effective", "permitted"] {
+                s["process"]["capabilities"][set] = all.clone();
+            }
+        }, "[security]\nallow_privileged = false\n", "privileged"),
+        shim_config("AppArmor profile on a host without AppArmor, under reject", |s| s["process"]["apparmorProfile"] = "gantry-test".into(),
+            "[security]\napparmor_unavailable = \"reject\"\n", "gantry-test"),
+    ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

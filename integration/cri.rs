@@ -47,6 +47,17 @@ pub(crate) async fn run_container(
     create_and_start(c, pod, config, container_config(name, cmd)).await
 }
 
+/// [`run_container`] of `sh -c script`.
+pub(crate) async fn run_script(
+    c: &mut Client,
+    pod: &str,
+    config: &PodSandboxConfig,
+    name: &str,
+    script: &str,
+) -> String {
+    run_container(c, pod, config, name, &["sh", "-c", script]).await
+}
+
 /// Creates and starts the container `container` describes; returns its id.
 pub(crate) async fn create_and_start(
     c: &mut Client,
@@ -259,19 +270,9 @@ async fn cri_gantry_pod_lifecycle() {
     );
 
     // A workload that burns a little CPU, then ignores SIGTERM forever.
-    let work = run_container(
-        &mut c,
-        &pod,
-        &config,
-        "work",
-        &[
-            "sh",
-            "-c",
-            "trap '' TERM; i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; echo started; \
-             while true; do sleep 1; done",
-        ],
-    )
-    .await;
+    let burn = "trap '' TERM; i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; echo started; \
+                while true; do sleep 1; done";
+    let work = run_script(&mut c, &pod, &config, "work", burn).await;
     let s = status(&mut c, &work).await;
     assert_eq!(state(&s), ContainerState::ContainerRunning, "{s:?}");
     let work_pid = pid(&s);
@@ -356,12 +357,12 @@ async fn cri_gantry_pod_lifecycle() {
     assert_eq!(res.memory_limit_in_bytes, limit);
 
     // A second container of the pod: runs to its own exit code, output in its CRI log.
-    let oneshot = run_container(
+    let oneshot = run_script(
         &mut c,
         &pod,
         &config,
         "oneshot",
-        &["sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 5"],
+        "echo to-stdout; echo to-stderr >&2; exit 5",
     )
     .await;
     assert_eq!(bundle_shim_pid(cri, &oneshot), daemon);

@@ -9,7 +9,7 @@ use crate::common::cri_api::{ContainerState, PodSandboxState};
 use crate::common::cri_stream::Stdin;
 use crate::common::wait_until;
 use crate::cri::{
-    assert_gantry_clean, bundle_shim_pid, exec, gantry_daemons_of, pid, pod_name, pod_status, run_container, run_pod,
+    assert_gantry_clean, bundle_shim_pid, exec, gantry_daemons_of, pid, pod_name, pod_status, run_pod, run_script,
     state, status, stop_and_remove_pod, tail, wait_exited,
 };
 use crate::cri_exec::stream_exec;
@@ -35,26 +35,9 @@ async fn cri_containerd_restart_under_a_running_gantry_pod() {
     let pod = run_pod(&mut c, &config, HANDLER).await;
     let mut guard = PodGuard::new(cri, &pod);
     let wait_for = |file: &str| format!("while [ ! -e /tmp/{file} ]; do sleep 0.1; done");
-    let work = run_container(
-        &mut c,
-        &pod,
-        &config,
-        "work",
-        &[
-            "sh",
-            "-c",
-            &format!("echo before; {}; echo after; exec sleep 1000", wait_for("again")),
-        ],
-    )
-    .await;
-    let ends = run_container(
-        &mut c,
-        &pod,
-        &config,
-        "ends",
-        &["sh", "-c", &format!("{}; exit 3", wait_for("go"))],
-    )
-    .await;
+    let script = format!("echo before; {}; echo after; exec sleep 1000", wait_for("again"));
+    let work = run_script(&mut c, &pod, &config, "work", &script).await;
+    let ends = run_script(&mut c, &pod, &config, "ends", &format!("{}; exit 3", wait_for("go"))).await;
     let daemon = bundle_shim_pid(cri, &pod);
     let work_pid = pid(&status(&mut c, &work).await);
     let ends_pid = pid(&status(&mut c, &ends).await);
