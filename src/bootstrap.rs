@@ -67,8 +67,11 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error)
 /// Reads whatever the engine put on stdin without ever blocking on an idle one.
 pub fn read_stdin() -> Vec<u8> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let stdin = std::io::stdin();
-    let fd = stdin.as_fd_borrowed();
+    // Not `std::io::stdin()`: its first use allocates std's 8 KiB buffer for the process's
+    // life, and the daemon `start` forks inherits it.
+    // SAFETY: fd 0 stays open (or stays closed: poll then reports POLLNVAL and read fails)
+    // while this borrow lives; nothing here closes it.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(libc::STDIN_FILENO) };
     let mut data = Vec::new();
     let deadline = Instant::now() + Duration::from_millis(500);
     loop {
@@ -90,14 +93,6 @@ pub fn read_stdin() -> Vec<u8> {
     }
 }
 
-trait AsFdBorrowed {
-    fn as_fd_borrowed(&self) -> std::os::fd::BorrowedFd<'_>;
-}
-impl AsFdBorrowed for std::io::Stdin {
-    fn as_fd_borrowed(&self) -> std::os::fd::BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(self)
-    }
-}
 
 /// Socket of the daemon serving `group` in `namespace`: a hash keeps it short and fixed-size.
 pub fn socket_path(socket_dir: &Path, namespace: &str, group: &str) -> Result<PathBuf, BootstrapError> {
