@@ -63,7 +63,7 @@ fn main() -> anyhow::Result<()> {
         std::fs::write(bundle.join("config.json"), &raw)?;
         let t = Instant::now();
         let loaded = gantry::spec::load(&bundle)?;
-        let edited = gantry::spec::edit_for_create(&bundle, loaded, &config)?;
+        let edited = gantry::spec::edit_for_create(&bundle, loaded, &config, std::path::Path::new("/run/no-listener"))?;
         times.push(t.elapsed());
         anyhow::ensure!(edited.edits.devices.devices.len() == 2, "expected 2 devices injected");
     }

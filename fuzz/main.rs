@@ -278,7 +278,7 @@ fn cdi_specs_and_names() {
             serde_json::to_vec(&spec).unwrap_or_default(),
         );
         if let Ok(mut loaded) = gantry::spec::load(&bundle) {
-            let _ = gantry::spec::edit(&bundle, &mut loaded, &config);
+            let _ = gantry::spec::edit(&bundle, &mut loaded, &config, std::path::Path::new("/run/no-listener"));
         }
     });
 }
@@ -309,7 +309,7 @@ fn spec_edit_pipeline() {
         // Refused (invalid text in a part the typed parse skipped is malformed) or unchanged:
         // nothing to write.
         if let Ok(gantry::spec::Edited { write: Some(bytes), .. }) =
-            gantry::spec::edit_for_create(&bundle, loaded, &config)
+            gantry::spec::edit_for_create(&bundle, loaded, &config, std::path::Path::new("/run/no-listener"))
         {
             gantry::spec::write(&bundle, &bytes).unwrap_or_else(|e| panic!("write after edit: {e}"));
             let again = std::fs::read(&path).unwrap_or_default();

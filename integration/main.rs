@@ -23,6 +23,7 @@ mod mount_helper;
 mod node;
 mod node_fleet;
 mod sandbox;
+mod seccomp_notify;
 mod security;
 mod stats_oom;
 mod task_api;

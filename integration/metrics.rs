@@ -20,19 +20,19 @@ const HOG: &[&str] = &["sh", "-c", "x=aaaaaaaaaaaaaaaa; while true; do x=$x$x; d
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 /// A fresh event-log path for one test.
-fn log_path(name: &str) -> PathBuf {
+pub(crate) fn log_path(name: &str) -> PathBuf {
     let dir = env().dir.join(format!("events-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir.join("events.jsonl")
 }
 
-fn events_toml(log: &Path) -> String {
+pub(crate) fn events_toml(log: &Path) -> String {
     format!("[events]\nlog = {:?}\n", log)
 }
 
 /// Every line of the log, each of which must parse.
-fn records(log: &Path) -> Vec<Record> {
+pub(crate) fn records(log: &Path) -> Vec<Record> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()
@@ -40,7 +40,7 @@ fn records(log: &Path) -> Vec<Record> {
         .collect()
 }
 
-fn of<'a>(recs: &'a [Record], id: &str, kind: Kind) -> Vec<&'a Record> {
+pub(crate) fn of<'a>(recs: &'a [Record], id: &str, kind: Kind) -> Vec<&'a Record> {
     recs.iter().filter(|r| r.id == id && r.event == kind).collect()
 }
 
@@ -51,14 +51,14 @@ fn daemons_gone(ns: &Ns) {
 }
 
 /// `containerd-shim-gantry-v2 metrics --log LOG` (text format 0.0.4).
-fn scrape(log: &Path) -> String {
+pub(crate) fn scrape(log: &Path) -> String {
     let o = Command::new(SHIM).args(["metrics", "--log"]).arg(log).output().unwrap();
     assert!(o.status.success(), "metrics: {}", text(&o));
     String::from_utf8(o.stdout).unwrap()
 }
 
 /// The value of the sample `name{...}` whose labels include all of `want`; 0 when absent.
-fn sample(exposition: &str, name: &str, want: &[(&str, &str)]) -> f64 {
+pub(crate) fn sample(exposition: &str, name: &str, want: &[(&str, &str)]) -> f64 {
     exposition
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -71,7 +71,7 @@ fn sample(exposition: &str, name: &str, want: &[(&str, &str)]) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn promtool_accepts(exposition: &str) {
+pub(crate) fn promtool_accepts(exposition: &str) {
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

@@ -93,7 +93,6 @@ pub fn read_stdin() -> Vec<u8> {
     }
 }
 
-
 /// Socket of the daemon serving `group` in `namespace`: a hash keeps it short and fixed-size.
 pub fn socket_path(socket_dir: &Path, namespace: &str, group: &str) -> Result<PathBuf, BootstrapError> {
     let digest = Sha256::digest(format!("{namespace}/{group}").as_bytes());

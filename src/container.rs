@@ -77,6 +77,9 @@ pub struct Container {
     /// still unsent then reaches the engine as "ttrpc: closed" (containerd's CRI failed a
     /// StopPodSandbox so under load).
     kills: tokio::sync::watch::Sender<usize>,
+    /// Serves the container's watched syscalls; ends with the container's last process.
+    #[allow(dead_code)]
+    notifier: Option<crate::notifier::Notifier>,
 }
 
 /// Counts one kill of init in flight until dropped.

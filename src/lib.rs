@@ -19,6 +19,7 @@ pub mod install;
 pub mod io;
 pub mod logging;
 pub mod mount;
+pub mod notifier;
 pub mod options;
 pub mod peer;
 pub mod proc;

@@ -205,6 +205,7 @@ impl TaskService {
             config_file,
             namespace: self.namespace.clone(),
             console_dir: self.console_dir.clone(),
+            telemetry: self.telemetry.clone(),
         };
         let created = Container::create(params, self.reaper.clone(), &self.runtimes, &self.log).await;
         if let Err(TaskError::Refused { reason, message }) = &created {

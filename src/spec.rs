@@ -223,8 +223,13 @@ pub struct Edited {
 /// cancelled Create just drops it. The edited document keeps what oci-spec does not model:
 /// vendor extensions and fields newer than the crate survive wherever the edits left that
 /// part of the document alone, so runc sees what the engine wrote plus the edits.
-pub fn edit_for_create(bundle: &Path, mut loaded: Loaded, config: &Config) -> Result<Edited, SpecError> {
-    let edits = edit(bundle, &mut loaded, config)?;
+pub fn edit_for_create(
+    bundle: &Path,
+    mut loaded: Loaded,
+    config: &Config,
+    listener: &Path,
+) -> Result<Edited, SpecError> {
+    let edits = edit(bundle, &mut loaded, config, listener)?;
     let doc = match loaded.doc.take() {
         None if !edits.devices.is_empty() => Some(merged(bundle, &loaded)?),
         doc => doc,
@@ -361,6 +366,8 @@ pub fn is_crio(annotations: &HashMap<String, String>) -> bool {
 pub struct Edits {
     pub devices: Injection,
     pub security: security::Report,
+    /// The calls the daemon must serve notifications for, at the `listener` [`edit`] was given.
+    pub notify: Option<security::notify::Watch>,
 }
 
 impl Edits {
@@ -370,9 +377,10 @@ impl Edits {
 }
 
 /// Runs every spec edit in order: devices on the typed spec, then the security policy on the
-/// resulting document. A spec oci-spec cannot represent gets no device edits (asking for one
-/// is refused) but is judged by the security policy all the same.
-pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config) -> Result<Edits, SpecError> {
+/// resulting document, then the watched syscalls (their notifications go to `listener`). A
+/// spec oci-spec cannot represent gets no device edits (asking for one is refused) but is
+/// judged by the security policy all the same.
+pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config, listener: &Path) -> Result<Edits, SpecError> {
     let devices = edit_devices(bundle, loaded, config)?;
     // Without a policy only the engine's profiles need a look (seccomp validation, AppArmor
     // loaded); skip the JSON then.
@@ -387,6 +395,7 @@ pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config) -> Result<Edits
         return Ok(Edits {
             devices,
             security: security::Report::default(),
+            notify: None,
         });
     }
     let mut doc = if devices.devices.is_empty() {
@@ -397,10 +406,15 @@ pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config) -> Result<Edits
     } else {
         merged(bundle, loaded)?
     };
-    let security = security::apply(&mut doc, &config.security)?;
+    let mut security = security::apply(&mut doc, &config.security)?;
+    let notify = security::watch_syscalls(&mut doc, &config.security, listener, &mut security)?;
     // Kept even when unchanged: whoever reads the edited spec next need not parse it again.
     loaded.doc = Some(doc);
-    Ok(Edits { devices, security })
+    Ok(Edits {
+        devices,
+        security,
+        notify,
+    })
 }
 
 fn edit_devices(bundle: &Path, loaded: &mut Loaded, config: &Config) -> Result<Injection, SpecError> {
@@ -615,13 +629,15 @@ mod tests {
         assert!(loaded.spec.is_err());
         assert_eq!(loaded.view.annotations()["k"], "v");
         assert_eq!(loaded.view.root_path(dir.path()), dir.path().join("rootfs"));
-        let edits = edit(dir.path(), &mut loaded, &config).unwrap();
+        let edits = edit(dir.path(), &mut loaded, &config, Path::new("/run/no-listener")).unwrap();
         assert!(!edits.changed());
 
         let (dir, loaded) = load_value(&newer_spec(
             serde_json::json!({devices::DEVICES_ANNOTATION: "nvidia.com/gpu=0"}),
         ));
-        let e = edit(dir.path(), &mut loaded.unwrap(), &config).unwrap_err().to_string();
+        let e = edit(dir.path(), &mut loaded.unwrap(), &config, Path::new("/run/no-listener"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("config.json") && e.contains("CAP_FUTURE_THING"), "{e}");
 
         // A wrongly typed field is still malformed input, refused at load.
@@ -638,7 +654,7 @@ mod tests {
         config.security.capability_violation = crate::security::Violation::Drop;
         let (dir, loaded) = load_value(&newer_spec(serde_json::json!({"k": "v"})));
         let mut loaded = loaded.unwrap();
-        let edits = edit(dir.path(), &mut loaded, &config).unwrap();
+        let edits = edit(dir.path(), &mut loaded, &config, Path::new("/run/no-listener")).unwrap();
         assert!(edits.changed());
         save(dir.path(), &loaded).unwrap();
         let saved: Value = serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap()).unwrap();

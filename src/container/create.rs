@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use containerd_shim_protos::api::Mount;
@@ -16,12 +16,15 @@ use crate::cgroups::ContainerCgroup;
 use crate::config::Config;
 use crate::exits::{self, ExitOrder};
 use crate::io::{self, StdioPaths};
+use crate::notifier::{self, Listener, Notifier};
 use crate::options::EngineOptions;
 use crate::process::Process;
 use crate::reaper::{Exit, Reaper};
 use crate::runtime::choose::{RuntimeFactory, RuntimeRecord, Wanted};
 use crate::runtime::{Runtime, Spawn};
+use crate::security::notify::Watch;
 use crate::spec::{self, Loaded, SpecError};
+use crate::telemetry::{PodMeta, Telemetry};
 use crate::{files, mount};
 
 /// Everything Create needs.
@@ -38,6 +41,8 @@ pub struct CreateParams {
     pub namespace: String,
     /// Directory for console sockets (short paths).
     pub console_dir: PathBuf,
+    /// Where watched syscalls are reported.
+    pub telemetry: Telemetry,
 }
 
 /// Undoes a half-done create when dropped without `disarm`.
@@ -120,8 +125,15 @@ impl Container {
             original_config: None,
             runtime: None,
         };
+        let listener = notifier::socket_path(&p.console_dir);
+        let init = Arc::new(OnceLock::new());
+        let mut notifier = None;
         let runtime = {
-            let edited = prepare_bundle(&p, loaded, &reaper, &mut undo, &log).await?;
+            let edited = prepare_bundle(&p, loaded, &listener, &reaper, &mut undo, &log).await?;
+            if let Some(watch) = edited.edits.notify.clone() {
+                let pod = PodMeta::from_annotations(&annotations);
+                notifier = Some(serve_watch(&p, &listener, watch, pod, &init, &log)?);
+            }
             runtimes.for_create(&Wanted {
                 engine: &p.engine,
                 config: &p.config,
@@ -135,6 +147,7 @@ impl Container {
         };
         write_record(&p, runtime.as_ref(), &undo)?;
         let created = run_create(&p, &runtime, &reaper, &mut undo, &log).await?;
+        let _ = init.set(created.pid);
         undo.armed = false;
         undo.runtime = None;
         info!(log, "created"; "pid" => created.pid, "oci_runtime" => runtime.identity().binary,
@@ -157,8 +170,31 @@ impl Container {
             kill_all_on_exit,
             console_dir: p.console_dir,
             reaper,
+            notifier,
         }))
     }
+}
+
+/// Binds the socket the edited profile names (before the runtime's create, which connects to
+/// it) and serves the container's watched syscalls there.
+fn serve_watch(
+    p: &CreateParams,
+    listener: &Path,
+    watch: Watch,
+    pod: PodMeta,
+    init: &Arc<OnceLock<i32>>,
+    log: &Logger,
+) -> Result<Notifier, TaskError> {
+    let listener = Listener::bind(listener).map_err(|e| TaskError::Internal(e.to_string()))?;
+    let ctx = notifier::Context {
+        id: p.id.clone(),
+        pod,
+        watch,
+        telemetry: p.telemetry.clone(),
+        log: log.clone(),
+        init: init.clone(),
+    };
+    Ok(notifier::spawn(listener, ctx))
 }
 
 /// Init's cgroup and its OOM counters as of now (the baseline later kills are counted from).
@@ -178,6 +214,7 @@ async fn locate_cgroup(pid: i32, log: &Logger) -> CgroupWatch {
 async fn prepare_bundle(
     p: &CreateParams,
     loaded: Loaded,
+    listener: &Path,
     reaper: &Reaper,
     undo: &mut Undo<'_>,
     log: &Logger,
@@ -199,8 +236,8 @@ async fn prepare_bundle(
         .await
         .map_err(refused)?;
     // CDI scans and YAML, libseccomp's validation: off the reactor.
-    let (bundle, config) = (p.bundle.clone(), p.config.clone());
-    let mut edited = off_reactor(move || spec::edit_for_create(&bundle, loaded, &config))
+    let (bundle, config, listener) = (p.bundle.clone(), p.config.clone(), listener.to_path_buf());
+    let mut edited = off_reactor(move || spec::edit_for_create(&bundle, loaded, &config, &listener))
         .await?
         .map_err(|e| match e {
             SpecError::Devices(d) => TaskError::InvalidArgument(d.to_string()),
@@ -212,6 +249,15 @@ async fn prepare_bundle(
         warn!(log, "device injection"; "warning" => w);
     }
     crate::security::log(log, &edits.security);
+    let notify = crate::security::notify::NOTIFY_ANNOTATION;
+    if let Some((_, v)) = edits
+        .security
+        .decisions
+        .iter()
+        .find(|(k, v)| *k == notify && v.starts_with("engine:"))
+    {
+        info!(log, "seccomp notify: the engine set its own listener; gantry watches nothing for this container"; "listener" => v.trim_start_matches("engine:"));
+    }
     if let Some(bytes) = &edited.write {
         // Noted before the write: nothing between the two can be cancelled. (A written spec
         // has its document, so `Edited::document` no longer needs the original.)

@@ -148,7 +148,7 @@ impl Drop for ConsoleSocket {
     }
 }
 
-pub(crate) fn recv_fd(sock: RawFd) -> std::io::Result<OwnedFd> {
+pub fn recv_fd(sock: RawFd) -> std::io::Result<OwnedFd> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     use std::os::fd::FromRawFd;
     let mut buf = [0u8; 4096];

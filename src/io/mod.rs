@@ -24,8 +24,8 @@ use crate::runtime::ProcessStdio;
 pub mod binary;
 mod console;
 
-pub use console::ConsoleSocket;
 use console::{copy_stdin, PtyStream};
+pub use console::{recv_fd, ConsoleSocket};
 
 #[derive(Debug, Error)]
 pub enum IoError {

@@ -8,6 +8,7 @@
 pub mod apparmor;
 pub mod caps;
 pub mod exec;
+pub mod notify;
 pub mod seccomp;
 pub mod syscalls;
 
@@ -89,6 +90,9 @@ pub struct SecurityConfig {
     pub allow_privileged: bool,
     pub no_new_privileges: Force,
     pub readonly_rootfs: Force,
+    /// Syscalls the daemon is notified of (`SCMP_ACT_NOTIFY`), see [`notify`]; empty: none.
+    pub seccomp_notify: Vec<String>,
+    pub seccomp_notify_action: notify::NotifyAction,
 }
 
 impl Default for SecurityConfig {
@@ -107,6 +111,8 @@ impl Default for SecurityConfig {
             allow_privileged: true,
             no_new_privileges: Force::Keep,
             readonly_rootfs: Force::Keep,
+            seccomp_notify: Vec::new(),
+            seccomp_notify_action: notify::NotifyAction::Log,
         }
     }
 }
@@ -146,6 +152,7 @@ impl SecurityConfig {
                 return Err(("allowed_capabilities", format!("{name:?} is not a capability name")));
             }
         }
+        notify::check_names(&self.seccomp_notify).map_err(|msg| ("seccomp_notify", msg))?;
         for (key, p) in [
             ("apparmor_securityfs", &self.apparmor_securityfs),
             ("apparmor_sysfs", &self.apparmor_sysfs),
@@ -198,6 +205,7 @@ pub fn recorded_decisions(annotations: &std::collections::HashMap<String, String
         (NNP_ANNOTATION, "no-new-privileges"),
         (READONLY_ANNOTATION, "readonly-rootfs"),
         (PRIVILEGED_ANNOTATION, "privileged"),
+        (notify::NOTIFY_ANNOTATION, "seccomp-notify"),
     ]
     .into_iter()
     .filter_map(|(key, reason)| annotations.get(key).map(|v| (reason, v.clone())))
@@ -393,6 +401,33 @@ pub fn apply(doc: &mut Value, cfg: &SecurityConfig) -> Result<Report, SecurityEr
     report.decisions = decisions;
     report.changed = true;
     Ok(report)
+}
+
+/// Applies the watched-syscalls plan ([`notify`]) to `doc`, after [`apply`]: the watch the
+/// daemon must serve at `listener`, if any, and its decision in `report`.
+pub fn watch_syscalls(
+    doc: &mut Value,
+    cfg: &SecurityConfig,
+    listener: &std::path::Path,
+    report: &mut Report,
+) -> Result<Option<notify::Watch>, SecurityError> {
+    let privileged = devices::is_privileged(&caps::bounding(doc));
+    let (watch, value) = match notify::plan(doc, privileged, cfg) {
+        notify::Plan::Off => return Ok(None),
+        notify::Plan::EngineListener(path) => (None, format!("engine:{path}")),
+        notify::Plan::Watch(w) => {
+            notify::rewrite(doc, &w, listener).map_err(|error| SecurityError::Seccomp {
+                from: "with the watched syscalls (security.seccomp_notify)".into(),
+                error,
+            })?;
+            let value = w.describe();
+            (Some(w), value)
+        }
+    };
+    object(doc, &["annotations"]).insert(notify::NOTIFY_ANNOTATION.into(), value.clone().into());
+    report.decisions.push((notify::NOTIFY_ANNOTATION, value));
+    report.changed = true;
+    Ok(watch)
 }
 
 /// Applies the seccomp decision to `doc`; returns the annotation value.

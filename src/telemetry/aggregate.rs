@@ -56,6 +56,7 @@ struct Metrics {
     deleted: Counters,
     devices: Counters,
     policy: Counters,
+    seccomp: Counters,
     runtime_errors: Counters,
     dropped: Counters,
     malformed: Counter,
@@ -98,6 +99,7 @@ impl Aggregator {
             deleted: Counters::default(),
             devices: Counters::default(),
             policy: Counters::default(),
+            seccomp: Counters::default(),
             runtime_errors: Counters::default(),
             dropped: Counters::default(),
             malformed: Counter::default(),
@@ -137,6 +139,11 @@ impl Aggregator {
                 "gantry_policy_decisions",
                 "Security-policy decisions by decision and reason",
                 &m.policy,
+            ),
+            (
+                "gantry_seccomp_notifications",
+                "Watched syscalls containers made, by syscall and the action taken",
+                &m.seccomp,
             ),
             (
                 "gantry_runtime_errors",
@@ -288,6 +295,11 @@ impl Aggregator {
                 let l = Self::with(base, "decision", decision);
                 let l = Self::with(l, "reason", r.reason.as_deref().unwrap_or("unknown"));
                 self.m.policy.get_or_create(&l).inc();
+            }
+            Kind::Seccomp => {
+                let l = Self::with(base, "syscall", r.syscall.as_deref().unwrap_or("unknown"));
+                let l = Self::with(l, "action", r.decision.as_deref().unwrap_or("unknown"));
+                self.m.seccomp.get_or_create(&l).inc_by(r.count.unwrap_or(1));
             }
             Kind::RuntimeError => {
                 let l = Self::with(base, "call", r.call.as_deref().unwrap_or("unknown"));

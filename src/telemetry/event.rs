@@ -34,6 +34,9 @@ pub enum Kind {
     RuntimeError,
     /// Events this daemon could not log earlier (`count`), written once the log works again.
     Dropped,
+    /// Watched syscalls a container made (`syscall`, `arch`, `pid`, `decision`: the action
+    /// taken; `count`: calls this line stands for, since lines are rate-limited).
+    Seccomp,
 }
 
 impl Kind {
@@ -52,6 +55,7 @@ impl Kind {
             Kind::Policy => "policy",
             Kind::RuntimeError => "runtime_error",
             Kind::Dropped => "dropped",
+            Kind::Seccomp => "seccomp",
         }
     }
 }
@@ -127,7 +131,7 @@ pub struct Record {
     pub oom_killed: Option<bool>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<String>,
-    /// `policy`: `allow`, `deny` or `warn`.
+    /// `policy`: `allow`, `deny` or `warn`; `seccomp`: `log`, `deny` or `kill`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<String>,
     /// `policy`: a short, low-cardinality reason (used as a metric label).
@@ -144,6 +148,11 @@ pub struct Record {
     /// `dropped`: how many events were lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
+    /// `seccomp`: the watched call, by name, and the architecture it was made for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
     /// W3C trace context of the request that caused the event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
@@ -173,6 +182,8 @@ impl Record {
             call: None,
             message: None,
             count: None,
+            syscall: None,
+            arch: None,
             traceparent: None,
         }
     }

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use event::{Kind, PodMeta, Record};
-pub use sink::Telemetry;
+pub use sink::{SeccompCall, Telemetry};
 
 /// The default event log (see `runtime-conf/gantry.toml` for why it is on by default).
 pub const DEFAULT_LOG: &str = "/var/log/gantry/events.jsonl";

@@ -41,6 +41,15 @@ struct Inner {
     dropped: Arc<AtomicU64>,
 }
 
+/// One watched syscall as the notifier saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct SeccompCall<'a> {
+    pub syscall: &'a str,
+    pub arch: &'a str,
+    pub pid: u32,
+    pub action: &'a str,
+}
+
 /// Emits lifecycle events into the event log; a no-op when the log is off.
 #[derive(Clone, Default)]
 pub struct Telemetry {
@@ -93,7 +102,7 @@ impl Telemetry {
             r.traceparent = req.traceparent;
             if !matches!(
                 kind,
-                Kind::Exit | Kind::RuntimeError | Kind::Policy | Kind::DevicesInjected
+                Kind::Exit | Kind::RuntimeError | Kind::Policy | Kind::DevicesInjected | Kind::Seccomp
             ) {
                 // Whole microseconds: readable lines, no float noise.
                 r.duration_ms = Some(req.started.elapsed().as_micros() as f64 / 1000.0);
@@ -128,6 +137,19 @@ impl Telemetry {
             r.decision = Some(decision.to_string());
             r.reason = Some(reason.to_string());
             r.message = Some(message.to_string());
+        });
+    }
+
+    /// `count` watched calls of `syscall` by the container (`pid`: the last caller), answered
+    /// with `action`; `pod` names the pod (the record has no bundle to read it from).
+    pub fn seccomp(&self, id: &str, pod: &PodMeta, call: &SeccompCall<'_>, count: u64) {
+        self.emit(Kind::Seccomp, id, |r| {
+            r.pod = pod.clone();
+            r.syscall = Some(call.syscall.to_string());
+            r.arch = Some(call.arch.to_string());
+            r.pid = Some(call.pid);
+            r.decision = Some(call.action.to_string());
+            r.count = Some(count);
         });
     }
 
