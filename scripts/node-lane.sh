@@ -16,7 +16,8 @@ FILTERS=(node:: node_fleet:: stats_oom::oom stats_oom::crio_oom security:: cri::
          containerd::a_notify_socket containerd::crun_selected_by_config
          containerd::killed_daemon_is_cleaned_up_through_delete
          crio::crio_lifecycle_grouping_and_shutdown
-         cri_exec::cri_exec_with_a_terminal cri_restart:: faults::containerd_restart)
+         cri_exec::cri_exec_with_a_terminal cri_restart:: faults::containerd_restart
+         seccomp_notify::watched_calls seccomp_notify::the_crio_annotation seccomp_notify::a_)
 [ $# -gt 0 ] && FILTERS=("$@")
 
 echo "== node lane: building the test binaries on the host"
