@@ -24,6 +24,7 @@ mod node;
 mod node_fleet;
 mod sandbox;
 mod seccomp_notify;
+mod seccomp_record;
 mod security;
 mod stats_oom;
 mod task_api;

@@ -289,3 +289,24 @@ async fn a_call_pending_when_the_daemon_dies_fails_with_enosys() {
     assert!(crate::common::daemons_in(&b.dir).is_empty());
     assert_clean(env, &ns);
 }
+
+/// An exec is watched as init is: the runtime loads the profile for the exec too and sends
+/// that filter's fd to the same listener, which stays bound for the container's life.
+#[test]
+fn an_exec_is_watched_as_init_is() {
+    let env = env();
+    let log = log_path("notify-exec");
+    let ns = env.namespace_with("notify-exec", &watching(&["unshare"], "deny", &log));
+    let o = env.ctr_run_detached(&ns, "x1", &[], &["sleep", "1000"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let script = "unshare -m true; echo unshare=$?";
+    let o = env.ctr(&ns.name, &["task", "exec", "--exec-id", "e1", "x1", "sh", "-c", script]);
+    let out = text(&o);
+    assert!(
+        out.contains("unshare=1") && out.contains("Operation not permitted"),
+        "{out}"
+    );
+    env.kill_and_remove(&ns.name, "x1");
+    assert_eq!(seccomp_lines(&log, "x1"), [("unshare".into(), "deny".into(), 1)]);
+    assert_clean(env, &ns);
+}

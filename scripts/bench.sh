@@ -18,6 +18,7 @@
 #     and the shim's CPU time for that lifecycle (`start` process + daemon, user + system); the
 #     OCI runtime alone on the same container is timed too, as the floor under any shim;
 #   - seccomp notify's cost: Create RPC p50 with two syscalls watched against the profile alone;
+#     one watched call's round trip, and recording a profile (scripts/bench-seccomp.sh);
 #   - the event log's cost: gantry's Create RPC p50 with the event log off against on (with
 #     `metrics --listen` running and scraped meanwhile), interleaved, through the same driver;
 #   - pod start (driver --pod): a pause sandbox and one container joining its namespaces
@@ -46,7 +47,7 @@ while [ $# -gt 0 ]; do
     --out) out=${2:?--out needs a path}; shift ;;
     --mem) mem_override=${2:?--mem needs a count}; shift ;;
     --compare) compare=${2:?--compare needs a gantry binary}; shift ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -450,6 +451,10 @@ for rt in "${RUNTIMES[@]}"; do
   done <"$work/sec-$rt.tsv"
 done
 
+phase "seccomp notify's round trip and recording's cost, in containers (scripts/bench-seccomp.sh)"
+GANTRY_BENCH_CHDIRS=$([ "$quick" = 1 ] && echo 2000 || echo 20000) scripts/bench-seccomp.sh \
+  "$sock" "$ns" "$work" "$work/gantry-runc.toml" "$image" "$([ "$quick" = 1 ] && echo 1 || echo 5)" >"$work/seccomp-bench.txt"
+
 phase "pod start: a pause sandbox and one container through one daemon (driver --pod), $N_DRV each"
 # Three starters of the same pod, interleaved: the Go shim, gantry with the sandbox fast path
 # (the default), and gantry with it off (the pause container through runc like any other).
@@ -568,6 +573,7 @@ for rt in "${RUNTIMES[@]}"; do
           printf "seccomp notify: Create RPC p50 (driver) on %s with unshare and mount watched %.3f ms against %.3f ms with the profile alone, %+.3f ms  target <= +1 ms  %s\n",
             rt, v["notify"], v["seccomp"], d, (d <= 1.0 ? "pass" : "MISS") }' "$work/results.tsv"
 done
+cat "$work/seccomp-bench.txt"
 # The sandbox fast path against the same gantry starting the pause container through runc.
 awk -F'\t' '$1 ~ /^(sandbox|pod_start)_p50\.runc$/ { v[$1 "," $2] = $3 }
   END { printf "sandbox fast path: pause start p50 %.3f ms vs %.3f ms through runc (%.2fx); pod start p50 %.3f vs %.3f ms (%.2fx); the Go shim %.3f / %.3f ms\n",

@@ -29,6 +29,8 @@ pub enum Action {
     CheckConfig(Option<String>),
     /// `seccomp-profile [--caps A,B]`: print gantry's runtime-default seccomp profile.
     SeccompProfile(Option<String>),
+    /// `seccomp-profile --recorded NAME`: print a profile recorded on this node.
+    RecordedProfile(String),
 }
 
 /// Flags shared by every action.
@@ -60,6 +62,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<(Flags, Action), ArgsError> {
     let mut flags = Flags::default();
     let mut action = None;
     let mut caps = None;
+    let mut recorded = None;
     let mut positional = Vec::new();
     let mut i = 0;
     while i < args.len() {
@@ -103,6 +106,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<(Flags, Action), ArgsError> {
             "v" | "version" => action = Some(Action::Version),
             "info" => action = Some(Action::Info),
             "caps" => caps = Some(value(name)?),
+            "recorded" => recorded = Some(value(name)?),
             // Flags newer engines pass that gantry has no use for.
             "systemd-cgroup" | "criu" | "runtime-root" => {
                 if inline.is_none() && name != "systemd-cgroup" {
@@ -120,7 +124,10 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<(Flags, Action), ArgsError> {
             Some("delete") => Action::Delete,
             Some("features") => Action::Features,
             Some("check-config") => Action::CheckConfig(positional.get(1).cloned()),
-            Some("seccomp-profile") => Action::SeccompProfile(caps),
+            Some("seccomp-profile") => match recorded {
+                Some(name) => Action::RecordedProfile(name),
+                None => Action::SeccompProfile(caps),
+            },
             Some(other) => return Err(ArgsError::UnknownAction(other.to_string())),
         },
     };
@@ -187,6 +194,10 @@ mod tests {
             Action::CheckConfig(Some("/x.toml".into()))
         );
         assert_eq!(parse(&["seccomp-profile"]).unwrap().1, Action::SeccompProfile(None));
+        assert_eq!(
+            parse(&["seccomp-profile", "--recorded", "web"]).unwrap().1,
+            Action::RecordedProfile("web".into())
+        );
         assert_eq!(
             parse(&["seccomp-profile", "--caps", "CAP_SYS_ADMIN,CAP_BPF"])
                 .unwrap()

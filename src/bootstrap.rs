@@ -365,8 +365,13 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
         .unwrap_or(0);
     // The dead daemon's socket, if nothing serves it any more: only ever a socket in the
     // socket directory, whatever a planted `address` names.
-    if let Ok(addr) = std::fs::read_to_string(bundle.join("address")) {
-        let path = Path::new(addr.trim().trim_start_matches("unix://"));
+    // So is its seccomp listener (watched syscalls, recording), which the spec it edited names.
+    let address = std::fs::read_to_string(bundle.join("address")).ok();
+    let address = address
+        .as_deref()
+        .map(|a| a.trim().trim_start_matches("unix://").to_string());
+    for path in address.into_iter().chain(seccomp_listener(&bundle)) {
+        let path = Path::new(&path);
         if files::is_socket_in(path, &record.socket_dir) && UnixStream::connect(path).is_err() {
             let _ = std::fs::remove_file(path);
         }
@@ -380,6 +385,12 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
         exited_at: crate::events::ts_field(Some(SystemTime::now())),
         ..Default::default()
     })
+}
+
+/// `linux.seccomp.listenerPath` of the bundle's spec, if any.
+fn seccomp_listener(bundle: &Path) -> Option<String> {
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(bundle.join("config.json")).ok()?).ok()?;
+    spec.pointer("/linux/seccomp/listenerPath")?.as_str().map(String::from)
 }
 
 /// `-v`: name, version and git revision.

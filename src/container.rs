@@ -292,6 +292,9 @@ impl Container {
                 at: SystemTime::now(),
             },
         };
+        if let Some(n) = &self.notifier {
+            n.finish().await;
+        }
         let execs: Vec<_> = self.execs().drain().collect();
         for (exec_id, p) in execs {
             let _ = std::fs::remove_file(self.exec_spec_path(&exec_id));

@@ -54,6 +54,11 @@ fn run() -> Result<()> {
             out.write_all(&current_thread()?.block_on(bootstrap::features(&defaults))?)?
         }
         Action::SeccompProfile(caps) => out.write_all(gantry::security::profile_json(caps.as_deref()).as_bytes())?,
+        Action::RecordedProfile(name) => {
+            let (config, _) = gantry::config::Config::resolve(None)?;
+            let dir = &config.security.seccomp_recording_dir;
+            out.write_all(gantry::security::record::recorded_json(dir, &name)?.as_bytes())?
+        }
         Action::CheckConfig(path) => out.write_all(bootstrap::check_config(path.as_deref())?.as_bytes())?,
         Action::Start => {
             let stdin = bootstrap::read_stdin();

@@ -8,7 +8,7 @@
 //! has exited, the fd hangs up and the task ends. If the daemon dies, the kernel fails the
 //! container's pending and later watched calls with ENOSYS; nothing can attach again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::security::notify::{NotifyAction, Watch};
+use crate::security::record::{self, Recording};
 use crate::telemetry::{PodMeta, SeccompCall, Telemetry};
 
 #[derive(Debug, Error)]
@@ -95,51 +96,102 @@ pub struct Context {
     pub init: Arc<OnceLock<i32>>,
 }
 
+/// What the container's filters report to, shared by the fds of init and its execs.
+struct Shared {
+    ctx: Context,
+    recorder: Option<Recorder>,
+}
+
 /// The serving task; aborted (and the socket removed) when dropped.
-pub struct Notifier(JoinHandle<()>);
+pub struct Notifier {
+    task: JoinHandle<()>,
+    shared: Arc<Shared>,
+}
 
 impl Drop for Notifier {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
 }
 
-/// Starts serving `listener` for `ctx`'s container.
-pub fn spawn(listener: Listener, ctx: Context) -> Notifier {
-    Notifier(tokio::spawn(async move {
-        let log = ctx.log.clone();
-        match accept(listener).await {
-            Ok(fd) => {
-                if let Err(e) = serve(fd, ctx).await {
-                    warn!(log, "seccomp notifications: stopped"; "error" => %e);
-                }
-            }
-            Err(e) => warn!(log, "seccomp listener: no notification fd"; "error" => %e),
+impl Notifier {
+    /// Saves what the container's recording has seen since the last save (nothing without a
+    /// recording). Delete calls it: the daemon may exit right after.
+    pub async fn finish(&self) {
+        if let Some(r) = &self.shared.recorder {
+            r.save(&self.shared.ctx).await;
         }
-    }))
+    }
 }
 
-/// Takes the one connection the runtime makes, checks its peer, and returns the fd it sent.
-/// The rest of its message (the container's state as JSON) is read to its end and dropped:
-/// closing early would fail the runtime's write.
-async fn accept(listener: Listener) -> Result<OwnedFd, NotifierError> {
-    let (mut stream, _) = listener.listener.accept().await?;
-    drop(listener);
-    let peer = crate::peer::peer_of(&stream)?;
+/// Starts serving `listener` for `ctx`'s container: init's filter fd from the runtime's
+/// `create`, then one per exec (the runtime loads the profile, listener included, for each).
+pub fn spawn(listener: Listener, ctx: Context) -> Notifier {
+    let recorder = ctx.watch.record.clone().map(Recorder::new);
+    let shared = Arc::new(Shared { ctx, recorder });
+    let task = tokio::spawn(accept_all(listener, shared.clone()));
+    Notifier { task, shared }
+}
+
+/// Accepts every connection for the container's life; each is served by its own task, all of
+/// them aborted with this one.
+async fn accept_all(listener: Listener, shared: Arc<Shared>) {
+    let mut serving = tokio::task::JoinSet::new();
+    let mut init = true;
+    loop {
+        tokio::select! {
+            conn = listener.listener.accept() => {
+                let stream = match conn {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        warn!(shared.ctx.log, "seccomp listener: accept failed; no more notification fds"; "error" => %e);
+                        break;
+                    }
+                };
+                let shared = shared.clone();
+                serving.spawn(async move {
+                    let log = shared.ctx.log.clone();
+                    match receive(&stream).await {
+                        Ok(fd) => {
+                            let (served, _) = tokio::join!(serve(fd, &shared, init), drain(stream));
+                            if let Err(e) = served {
+                                warn!(log, "seccomp notifications: stopped"; "error" => %e);
+                            }
+                        }
+                        Err(e) => warn!(log, "seccomp listener: no notification fd"; "error" => %e),
+                    }
+                });
+                init = false;
+            }
+            Some(_) = serving.join_next() => {}
+        }
+    }
+    while serving.join_next().await.is_some() {}
+}
+
+/// Checks the peer of one connection and returns the fd it sent.
+async fn receive(stream: &tokio::net::UnixStream) -> Result<OwnedFd, NotifierError> {
+    let peer = crate::peer::peer_of(stream)?;
     if !crate::peer::same_user(&peer) {
         return Err(NotifierError::Peer(peer.uid));
     }
-    let fd = loop {
+    loop {
         stream.readable().await?;
         match stream.try_io(Interest::READABLE, || crate::io::recv_fd(stream.as_raw_fd())) {
-            Ok(fd) => break fd,
+            Ok(fd) => return Ok(fd),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e.into()),
         }
-    };
+    }
+}
+
+/// Reads the rest of the runtime's message (the container's state as JSON) to its end and
+/// drops it: closing early would fail the runtime's write. Alongside serving, never before it:
+/// runc 1.1 keeps an exec's connection open until that exec's init, which may already be
+/// waiting on a notification, has gone on.
+async fn drain(mut stream: tokio::net::UnixStream) {
     let mut rest = [0u8; 4096];
-    while stream.read(&mut rest).await? > 0 {}
-    Ok(fd)
+    while matches!(stream.read(&mut rest).await, Ok(n) if n > 0) {}
 }
 
 /// What a zero-timeout poll of the notification fd says.
@@ -171,8 +223,11 @@ fn pending(fd: &OwnedFd) -> Pending {
     }
 }
 
-async fn serve(fd: OwnedFd, ctx: Context) -> Result<(), NotifierError> {
-    info!(ctx.log, "seccomp notifications: serving"; "watch" => ctx.watch.describe());
+/// Serves one filter's fd until every task under it has exited; `init`'s end saves the
+/// recording (the container has exited).
+async fn serve(fd: OwnedFd, shared: &Shared, init: bool) -> Result<(), NotifierError> {
+    let ctx = &shared.ctx;
+    info!(ctx.log, "seccomp notifications: serving"; "watch" => ctx.watch.describe(), "init" => init);
     // SAFETY: the AsyncFd owns the fd; it is neither closed nor duplicated while registered.
     let fd =
         unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| NotifierError::Io(e.into()))?;
@@ -182,7 +237,7 @@ async fn serve(fd: OwnedFd, ctx: Context) -> Result<(), NotifierError> {
         let mut guard = tokio::select! {
             g = fd.readable() => g?,
             () = sleep_until(flush) => {
-                report(&ctx, reports.due(Instant::now()));
+                report(ctx, reports.due(Instant::now()));
                 continue;
             }
         };
@@ -197,16 +252,16 @@ async fn serve(fd: OwnedFd, ctx: Context) -> Result<(), NotifierError> {
         let raw = fd.get_ref().as_raw_fd();
         // ENOENT: the caller died between the poll and the receive.
         let Ok(req) = ScmpNotifReq::receive(raw) else { continue };
-        if let Some(call) = answer(raw, &req, &ctx) {
+        if let Some(call) = answer(raw, &req, shared) {
             let first = reports.record(call, Instant::now());
-            report(&ctx, first);
+            report(ctx, first);
         }
     }
-    report(&ctx, reports.due(Instant::now() + REPORT_WINDOW));
-    info!(
-        ctx.log,
-        "seccomp notifications: every process under the filter has exited"
-    );
+    report(ctx, reports.due(Instant::now() + REPORT_WINDOW));
+    info!(ctx.log, "seccomp notifications: every process under the filter has exited"; "init" => init);
+    if let (true, Some(r)) = (init, &shared.recorder) {
+        r.save(ctx).await;
+    }
     Ok(())
 }
 
@@ -217,10 +272,24 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Answers one notification as the watch says; the call, for the report, unless its caller
-/// was already gone (`SECCOMP_IOCTL_NOTIF_ID_VALID` is checked before anything acts on its pid).
-fn answer(fd: i32, req: &ScmpNotifReq, ctx: &Context) -> Option<Call> {
+/// Answers one notification as the watch says (a call a recording does not watch continues,
+/// noted); the watched call, for the report, unless its caller was already gone
+/// (`SECCOMP_IOCTL_NOTIF_ID_VALID` is checked before anything acts on its pid).
+fn answer(fd: i32, req: &ScmpNotifReq, shared: &Shared) -> Option<Call> {
     notify_id_valid(fd, req.id).ok()?;
+    let ctx = &shared.ctx;
+    let syscall = req
+        .data
+        .syscall
+        .get_name_by_arch(req.data.arch)
+        .unwrap_or_else(|_| format!("nr{}", i32::from(req.data.syscall)));
+    if let Some(recorder) = &shared.recorder {
+        if !ctx.watch.syscalls.contains(&syscall) {
+            let _ = ScmpNotifResp::new_continue(req.id, ScmpNotifRespFlags::empty()).respond(fd);
+            recorder.note(syscall);
+            return None;
+        }
+    }
     let action = ctx.watch.action;
     if action == NotifyAction::Kill {
         // Init first, then the caller, then the answer: the caller waits in the call (its pid
@@ -242,11 +311,6 @@ fn answer(fd: i32, req: &ScmpNotifReq, ctx: &Context) -> Option<Call> {
     };
     // Fails only when the caller died meanwhile (always, after a kill): reported all the same.
     let _ = resp.respond(fd);
-    let syscall = req
-        .data
-        .syscall
-        .get_name_by_arch(req.data.arch)
-        .unwrap_or_else(|_| format!("nr{}", i32::from(req.data.syscall)));
     Some(Call {
         syscall,
         arch: arch_name(req.data.arch),
@@ -352,6 +416,55 @@ impl Reports {
     /// When the earliest open window ends.
     pub fn next_due(&self) -> Option<Instant> {
         self.windows.values().map(|w| w.ends).min()
+    }
+}
+
+/// A container's recording: the names its filters let through, saved when init's filter hangs
+/// up and again at Delete if execs added any.
+struct Recorder {
+    rec: Recording,
+    names: std::sync::Mutex<BTreeSet<String>>,
+    calls: AtomicU64,
+    /// How many names the last save held; `None` before the first.
+    saved: tokio::sync::Mutex<Option<usize>>,
+}
+
+impl Recorder {
+    fn new(rec: Recording) -> Self {
+        Self {
+            rec,
+            names: Default::default(),
+            calls: AtomicU64::new(0),
+            saved: Default::default(),
+        }
+    }
+
+    fn note(&self, syscall: String) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut names) = self.names.lock() {
+            names.insert(syscall);
+        }
+    }
+
+    /// Merges the names into the profile file, off the reactor; one save at a time.
+    async fn save(&self, ctx: &Context) {
+        let mut saved = self.saved.lock().await;
+        let names = self.names.lock().map(|n| n.clone()).unwrap_or_default();
+        if *saved == Some(names.len()) {
+            return;
+        }
+        let (rec, seen) = (self.rec.clone(), names.len());
+        let calls = self.calls.load(Ordering::Relaxed);
+        match tokio::task::spawn_blocking(move || record::save(&rec, &names)).await {
+            Ok(Ok(s)) => {
+                info!(ctx.log, "seccomp profile recorded"; "profile" => s.path.display().to_string(),
+                    "allowed" => s.allowed, "added" => s.added, "observed" => seen, "calls" => calls);
+                ctx.telemetry.seccomp_profile(&ctx.id, &ctx.pod, &self.rec.name, &s);
+                *saved = Some(seen);
+            }
+            Ok(Err(e)) => warn!(ctx.log, "seccomp profile not recorded"; "error" => %e),
+            Err(e) => warn!(ctx.log, "seccomp profile not recorded"; "error" => %e),
+        }
     }
 }
 

@@ -383,11 +383,15 @@ impl Edits {
 pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config, listener: &Path) -> Result<Edits, SpecError> {
     let devices = edit_devices(bundle, loaded, config)?;
     // Without a policy only the engine's profiles need a look (seccomp validation, AppArmor
-    // loaded); skip the JSON then.
+    // loaded), and a recording request its refusal; skip the JSON then.
     let has_profile = match &loaded.spec {
         Ok(spec) => {
             spec.linux().as_ref().is_some_and(|l| l.seccomp().is_some())
                 || spec.process().as_ref().is_some_and(|p| p.apparmor_profile().is_some())
+                || spec
+                    .annotations()
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(security::record::RECORD_ANNOTATION))
         }
         Err(_) => true,
     };

@@ -9,6 +9,7 @@ pub mod apparmor;
 pub mod caps;
 pub mod exec;
 pub mod notify;
+pub mod record;
 pub mod seccomp;
 pub mod syscalls;
 
@@ -93,6 +94,8 @@ pub struct SecurityConfig {
     /// Syscalls the daemon is notified of (`SCMP_ACT_NOTIFY`), see [`notify`]; empty: none.
     pub seccomp_notify: Vec<String>,
     pub seccomp_notify_action: notify::NotifyAction,
+    /// Where recorded profiles go ([`record`]); empty: recording refused.
+    pub seccomp_recording_dir: PathBuf,
 }
 
 impl Default for SecurityConfig {
@@ -113,6 +116,7 @@ impl Default for SecurityConfig {
             readonly_rootfs: Force::Keep,
             seccomp_notify: Vec::new(),
             seccomp_notify_action: notify::NotifyAction::Log,
+            seccomp_recording_dir: PathBuf::new(),
         }
     }
 }
@@ -153,6 +157,12 @@ impl SecurityConfig {
             }
         }
         notify::check_names(&self.seccomp_notify).map_err(|msg| ("seccomp_notify", msg))?;
+        if !self.seccomp_recording_dir.as_os_str().is_empty() && !self.seccomp_recording_dir.is_absolute() {
+            return Err((
+                "seccomp_recording_dir",
+                "must be empty (off) or an absolute path".into(),
+            ));
+        }
         for (key, p) in [
             ("apparmor_securityfs", &self.apparmor_securityfs),
             ("apparmor_sysfs", &self.apparmor_sysfs),
@@ -412,10 +422,30 @@ pub fn watch_syscalls(
     report: &mut Report,
 ) -> Result<Option<notify::Watch>, SecurityError> {
     let privileged = devices::is_privileged(&caps::bounding(doc));
-    let (watch, value) = match notify::plan(doc, privileged, cfg) {
-        notify::Plan::Off => return Ok(None),
-        notify::Plan::EngineListener(path) => (None, format!("engine:{path}")),
-        notify::Plan::Watch(w) => {
+    let refused = |from: &str, why: String, key| SecurityError::Seccomp {
+        from: from.into(),
+        error: ProfileError {
+            rule: "linux.seccomp".into(),
+            why,
+            key: Some(key),
+        },
+    };
+    let recording = record::plan(doc, &cfg.seccomp_recording_dir)
+        .map_err(|why| refused("for the recording", why, "security.seccomp_recording_dir"))?;
+    let plan = notify::plan(doc, privileged, cfg);
+    let (watch, value) = match (plan, recording) {
+        (notify::Plan::EngineListener(path), Some(_)) => {
+            let why = format!("the engine set its own listener ({path}): cannot record through it");
+            return Err(refused("for the recording", why, "security.seccomp_recording_dir"));
+        }
+        (notify::Plan::EngineListener(path), None) => (None, format!("engine:{path}")),
+        (notify::Plan::Off, None) => return Ok(None),
+        (plan, recording) => {
+            let mut w = match plan {
+                notify::Plan::Watch(w) => w,
+                _ => notify::Watch::default(),
+            };
+            w.record = recording;
             notify::rewrite(doc, &w, listener).map_err(|error| SecurityError::Seccomp {
                 from: "with the watched syscalls (security.seccomp_notify)".into(),
                 error,

@@ -15,6 +15,7 @@ use libseccomp::ScmpSyscall;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::record::{self, Recording};
 use super::seccomp::ProfileError;
 use super::SecurityConfig;
 
@@ -60,17 +61,24 @@ pub const ESCAPE_SYSCALLS: &[&str] = &[
     "kexec_load",
 ];
 
-/// A container's watch: the calls and what their notifications get.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A container's watch: the calls and what their notifications get, and whether every other
+/// call is recorded ([`super::record`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Watch {
     pub action: NotifyAction,
     pub syscalls: Vec<String>,
+    pub record: Option<Recording>,
 }
 
 impl Watch {
-    /// The annotation value: `deny:unshare,mount`.
+    /// The annotation value: `deny:unshare,mount`, `record:NAME`, or both joined by `;`.
     pub fn describe(&self) -> String {
-        format!("{}:{}", self.action.as_str(), self.syscalls.join(","))
+        let watched = format!("{}:{}", self.action.as_str(), self.syscalls.join(","));
+        match (&self.record, self.syscalls.is_empty()) {
+            (None, _) => watched,
+            (Some(r), true) => format!("record:{}", r.name),
+            (Some(r), false) => format!("{watched};record:{}", r.name),
+        }
     }
 }
 
@@ -153,7 +161,11 @@ pub fn plan(doc: &Value, privileged: bool, cfg: &SecurityConfig) -> Plan {
     {
         return Plan::EngineListener(path.to_string());
     }
-    Plan::Watch(Watch { action, syscalls })
+    Plan::Watch(Watch {
+        action,
+        syscalls,
+        record: None,
+    })
 }
 
 /// Rewrites `doc`'s profile for `watch`: the watched names leave every rule (a rule left with
@@ -167,6 +179,13 @@ pub fn rewrite(doc: &mut Value, watch: &Watch, listener: &Path) -> Result<(), Pr
     };
     check_names(&watch.syscalls).map_err(refuse)?;
     host_support(watch.action).map_err(refuse)?;
+    if watch.record.is_some() {
+        // The recording filter replaces the profile: every call but a fixed few is notified
+        // and, unless watched, continued.
+        host_support(NotifyAction::Log).map_err(refuse)?;
+        doc["linux"]["seccomp"] = record::filter(listener, &watch.syscalls);
+        return Ok(());
+    }
     let Some(seccomp) = doc.pointer_mut("/linux/seccomp").and_then(Value::as_object_mut) else {
         return Err(refuse("no profile to add the rule to".into()));
     };
@@ -213,6 +232,7 @@ mod tests {
         let w = Watch {
             action: NotifyAction::Deny,
             syscalls: vec!["unshare".into(), "mount".into()],
+            record: None,
         };
         rewrite(&mut d, &w, Path::new("/run/g/seccomp-1")).unwrap();
         let s = &d["linux"]["seccomp"];
@@ -241,6 +261,7 @@ mod tests {
             Plan::Watch(Watch {
                 action,
                 syscalls: names.iter().map(|s| s.to_string()).collect(),
+                record: None,
             })
         };
         assert_eq!(plan(&doc(), false, &cfg(&[], NotifyAction::Deny)), Plan::Off);
@@ -271,6 +292,46 @@ mod tests {
     }
 
     #[test]
+    fn the_annotation_names_the_watch_and_the_recording() {
+        let rec = Some(Recording {
+            name: "web".into(),
+            dir: "/r".into(),
+        });
+        let mut w = Watch {
+            action: NotifyAction::Deny,
+            syscalls: vec!["unshare".into(), "mount".into()],
+            record: None,
+        };
+        assert_eq!(w.describe(), "deny:unshare,mount");
+        w.record = rec.clone();
+        assert_eq!(w.describe(), "deny:unshare,mount;record:web");
+        let only = Watch {
+            record: rec,
+            ..Default::default()
+        };
+        assert_eq!(only.describe(), "record:web");
+    }
+
+    #[test]
+    fn a_recording_replaces_the_profile_and_keeps_the_watched_calls_notified() {
+        let mut d = doc();
+        let w = Watch {
+            action: NotifyAction::Deny,
+            syscalls: vec!["read".into()],
+            record: Some(Recording {
+                name: "x".into(),
+                dir: "/r".into(),
+            }),
+        };
+        rewrite(&mut d, &w, Path::new("/run/g/seccomp-2")).unwrap();
+        let s = &d["linux"]["seccomp"];
+        assert_eq!(s["defaultAction"], "SCMP_ACT_ALLOW");
+        assert_eq!(s["listenerPath"], "/run/g/seccomp-2");
+        assert!(s["syscalls"][1]["names"].as_array().unwrap().contains(&json!("read")));
+        assert!(s.get("flags").is_none(), "the container's profile is replaced whole");
+    }
+
+    #[test]
     fn this_host_serves_every_action() {
         for a in [NotifyAction::Log, NotifyAction::Deny, NotifyAction::Kill] {
             host_support(a).unwrap();
@@ -287,6 +348,7 @@ mod tests {
         let w = Watch {
             action: NotifyAction::Log,
             syscalls: vec!["write".into()],
+            record: None,
         };
         let e = rewrite(&mut d, &w, Path::new("/x")).unwrap_err();
         assert_eq!(e.key, Some("security.seccomp_notify"));

@@ -312,7 +312,7 @@ impl Aggregator {
                 ];
                 self.m.dropped.get_or_create(&l).inc_by(r.count.unwrap_or(0));
             }
-            Kind::Delete | Kind::ExecAdded | Kind::Paused | Kind::Resumed | Kind::Updated => {}
+            Kind::Delete | Kind::ExecAdded | Kind::Paused | Kind::Resumed | Kind::Updated | Kind::SeccompProfile => {}
         }
     }
 

@@ -37,6 +37,9 @@ pub enum Kind {
     /// Watched syscalls a container made (`syscall`, `arch`, `pid`, `decision`: the action
     /// taken; `count`: calls this line stands for, since lines are rate-limited).
     Seccomp,
+    /// A recorded seccomp profile was saved (`reason`: its name; `message`: its JSON file;
+    /// `count`: the names it allows).
+    SeccompProfile,
 }
 
 impl Kind {
@@ -56,6 +59,7 @@ impl Kind {
             Kind::RuntimeError => "runtime_error",
             Kind::Dropped => "dropped",
             Kind::Seccomp => "seccomp",
+            Kind::SeccompProfile => "seccomp_profile",
         }
     }
 }

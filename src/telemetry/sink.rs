@@ -102,7 +102,12 @@ impl Telemetry {
             r.traceparent = req.traceparent;
             if !matches!(
                 kind,
-                Kind::Exit | Kind::RuntimeError | Kind::Policy | Kind::DevicesInjected | Kind::Seccomp
+                Kind::Exit
+                    | Kind::RuntimeError
+                    | Kind::Policy
+                    | Kind::DevicesInjected
+                    | Kind::Seccomp
+                    | Kind::SeccompProfile
             ) {
                 // Whole microseconds: readable lines, no float noise.
                 r.duration_ms = Some(req.started.elapsed().as_micros() as f64 / 1000.0);
@@ -150,6 +155,16 @@ impl Telemetry {
             r.pid = Some(call.pid);
             r.decision = Some(call.action.to_string());
             r.count = Some(count);
+        });
+    }
+
+    /// The container's recording was saved into the profile `name`.
+    pub fn seccomp_profile(&self, id: &str, pod: &PodMeta, name: &str, saved: &crate::security::record::Saved) {
+        self.emit(Kind::SeccompProfile, id, |r| {
+            r.pod = pod.clone();
+            r.reason = Some(name.to_string());
+            r.message = Some(saved.path.display().to_string());
+            r.count = Some(saved.allowed as u64);
         });
     }
 
