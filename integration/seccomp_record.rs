@@ -201,3 +201,47 @@ fn recording_is_refused_while_the_node_has_it_off() {
     assert!(out.contains("seccomp_recording_dir"), "{out}");
     assert_clean(env, &ns);
 }
+
+/// Started as CRI-O starts a pod (one daemon, `runtime_type = "vm"`): the app container's
+/// recording is saved by the Delete CRI-O sends after its exit, with its event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crio_container_is_recorded_through_its_pods_daemon() {
+    use crate::common::{
+        crio_bundle, crio_create_req, crio_kill_and_remove, crio_remove, crio_start, ctx, open_fifo_reader,
+        runtimeoptions_any, task_client,
+    };
+    let env = env();
+    let log = log_path("record-crio");
+    let dir = env.dir.join("record-crio").join(std::process::id().to_string());
+    let ns = recording_ns(env, "record-crio", &dir, &log);
+    let pod = crio_bundle(&ns, "rpod", "rpod", &["sleep", "1000"], |_| {});
+    let o = crio_start(&ns, &pod.dir, "rpod", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _pod_out = open_fifo_reader(&pod.stdout);
+    client.create(ctx(), &crio_create_req(&pod)).await.unwrap();
+    let record = |s: &mut Value| s["annotations"]["gantry.dev/seccomp-record"] = "crio-app".into();
+    let b = crio_bundle(
+        &ns,
+        "rapp",
+        "rpod",
+        &["sh", "-c", "uname >/dev/null; ls / >/dev/null"],
+        record,
+    );
+    let _out = open_fifo_reader(&b.stdout);
+    let mut req = crio_create_req(&b);
+    req.options = protobuf::MessageField::some(runtimeoptions_any(&ns.config));
+    client.create(ctx(), &req).await.unwrap();
+    let t = crate::common::task::task(&client, "rapp");
+    t.start().await.unwrap();
+    assert_eq!(t.wait().await.unwrap().exit_status, 0);
+    crio_remove(&client, "rapp").await;
+    let names = allowed(&read_json(&dir.join("crio-app.json")));
+    assert!(names.contains("uname") && names.contains("getdents64"), "{names:?}");
+    let recs = records(&log);
+    let saved = of(&recs, "rapp", Kind::SeccompProfile);
+    assert!(!saved.is_empty(), "no seccomp_profile event");
+    assert_eq!(saved[0].reason.as_deref(), Some("crio-app"));
+    crio_kill_and_remove(&client, "rpod").await;
+    assert_clean(env, &ns);
+}
