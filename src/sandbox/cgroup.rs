@@ -391,6 +391,27 @@ pub fn pids(path: &Path) -> Result<Vec<i32>, CgroupError> {
     Ok(pids.into_iter().map(Pid::as_raw).collect())
 }
 
+/// How long [`empty`] waits for killed tasks to leave: generous, since it is only reached when
+/// something was still running, and the alternative is a cgroup left behind.
+const EMPTY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Kills what is in the cgroup and waits until the kernel has moved every killed task out
+/// (or [`EMPTY_WAIT`] has passed): a task leaves only once it runs its exit, which on a loaded
+/// host can take longer than the removal's own few retries, and rmdir fails with EBUSY until then.
+fn empty(path: &Path) {
+    let deadline = std::time::Instant::now() + EMPTY_WAIT;
+    loop {
+        let left = pids(path).unwrap_or_default();
+        if left.is_empty() || std::time::Instant::now() >= deadline {
+            return;
+        }
+        for pid in left {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Kills what is left in it and removes it from every hierarchy.
 pub fn remove(path: &Path) -> Result<(), CgroupError> {
     if systemd_unit(path).is_some() {
@@ -406,11 +427,10 @@ pub fn remove(path: &Path) -> Result<(), CgroupError> {
         if !v2_dir(path).exists() {
             return Ok(());
         }
-        for pid in pids(path).unwrap_or_default() {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::SIGKILL);
-        }
+        empty(path);
         return manager(path)?.remove().map_err(|e| err(path, e));
     }
+    empty(path);
     manager(path)?.remove().map_err(|e| err(path, e))?;
     for mount in extra_hierarchies() {
         let dir = mount.join(relative(path));
