@@ -112,6 +112,81 @@ async fn crio_lifecycle_grouping_and_shutdown() {
     assert_clean(env, &ns);
 }
 
+/// kB of the daemon's executable mapped read-only (code, `.rodata`): the pages set-up faulted
+/// in and the settle gives back (`/proc/PID/smaps`, mappings of the daemon's own binary).
+fn exe_read_only_kb(pid: i32) -> u64 {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let (mut ours, mut kb) = (false, 0);
+    for line in smaps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.first().is_some_and(|a| a.contains('-') && !a.ends_with(':')) {
+            ours = f.len() >= 6 && !f[1].contains('w') && std::path::Path::new(f[5]) == exe;
+        } else if ours && f.first() == Some(&"Rss:") {
+            kb += f[1].parse::<u64>().unwrap();
+        }
+    }
+    kb
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_pods_daemon_settles_and_serves_on() {
+    let env = env();
+    let ns = env.namespace("crio-settle");
+    let infra = crio_bundle(&ns, "pod1", "pod1", &["sleep", "1000"], |_| {});
+    let app = crio_bundle(&ns, "app1", "pod1", &["sh", "-c", "echo after the settle"], |_| {});
+    let o = crio_start(&ns, &infra.dir, "pod1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let address = String::from_utf8(o.stdout.clone()).unwrap();
+    let daemon: i32 = std::fs::read_to_string(infra.dir.join("shim.pid"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let client = task_client(&address).await;
+    let _infra_out = open_fifo_reader(&infra.stdout);
+    client
+        .create(ctx(), &crate::common::crio_create_req(&infra))
+        .await
+        .unwrap();
+    let pod = task(&client, "pod1");
+    pod.start().await.unwrap();
+    let set_up = exe_read_only_kb(daemon);
+
+    // A while after the last Start (settle::SETTLE_AFTER, 2 s) the daemon drops what set-up
+    // faulted in; waited for, not timed.
+    let mut settled = set_up;
+    let dropped = wait_until(Duration::from_secs(60), || {
+        settled = exe_read_only_kb(daemon);
+        settled * 2 < set_up
+    });
+    assert!(
+        dropped,
+        "read-only pages of the executable: {set_up} kB after Start, {settled} kB later"
+    );
+
+    // And serves on: the code a Create, Start and Wait need faults back in.
+    let st = pod.state().await.unwrap();
+    assert_eq!(st.status.enum_value_or_default(), Status::RUNNING);
+    let o = crio_start(&ns, &app.dir, "app1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let mut app_out = open_fifo_reader(&app.stdout);
+    client
+        .create(ctx(), &crate::common::crio_create_req(&app))
+        .await
+        .unwrap();
+    let app1 = task(&client, "app1");
+    app1.start().await.unwrap();
+    assert_eq!(app1.wait().await.unwrap().exit_status, 0);
+    assert_eq!(
+        read_fifo(&mut app_out, Duration::from_secs(5)).trim(),
+        "after the settle"
+    );
+    crio_remove(&client, "app1").await;
+    pod.kill(9).await.unwrap();
+    assert_eq!(crio_remove(&client, "pod1").await.exit_status, 137);
+    assert_clean(env, &ns);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_accepts_every_stdin_form() {
     use protobuf::Message;

@@ -29,6 +29,7 @@ pub mod runtime;
 pub mod sandbox;
 pub mod security;
 pub mod service;
+pub mod settle;
 pub mod spec;
 pub mod sys;
 pub mod telemetry;

@@ -96,6 +96,8 @@ pub struct TaskService {
     shutdown_pending: AtomicBool,
     /// The daemon's live connections (unset in unit tests).
     connections: std::sync::OnceLock<crate::peer::Connections>,
+    /// Gives back what set-up left resident, a while after the last Start.
+    settle: Arc<crate::settle::Settler>,
 }
 
 type TResult<T> = ttrpc::Result<T>;
@@ -116,6 +118,7 @@ impl TaskService {
             shutdown: Arc::new(Notify::new()),
             shutdown_pending: AtomicBool::new(false),
             connections: std::sync::OnceLock::new(),
+            settle: Arc::default(),
         }
     }
 

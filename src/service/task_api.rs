@@ -80,7 +80,7 @@ impl Task for Service {
             .detached(ctx, "start", id, |s| async move { s.do_start(req).await })
             .await;
         // The container now runs, usually for long: the daemon settles into its idle size.
-        crate::sys::trim_heap();
+        self.0.settle.arm();
         started
     }
 
