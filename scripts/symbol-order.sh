@@ -12,10 +12,10 @@
 # runs containers through gantry with runc and crun (run, exec, metrics, pause/resume, kill,
 # delete, failing create) and, through examples/shim_driver.rs, pods started as CRI-O starts
 # them (sandbox fast path, no event publisher), while valgrind's callgrind follows `start` into
-# the daemon, and collects every function executed. The daemon's functions come first (the
-# pages a pod's daemon keeps mapped for its whole life; those every daemon runs ahead of those
-# only one engine's path runs), then those only `start` runs, then
-# those only the mount helper runs: code a daemon never runs stays out of its pages.
+# the daemon, and collects every function executed. What a daemon runs once it has settled
+# and dropped its code pages comes first (the pages a pod's daemon keeps mapped while its containers
+# run), then the rest of the daemon's functions (Create, Start), then those only `start` runs,
+# then those only the mount helper runs: code a daemon never runs stays out of its pages.
 # `sandbox-init` is not traced (under valgrind it may not raise a container's rlimits): its
 # code stays out of the ordered block altogether. Names are the linker's (mangled): rerun after dependency
 # or toolchain updates; a stale list only orders less, it never breaks a build.
@@ -56,7 +56,7 @@ trap cleanup EXIT
 mkdir -p "$work/bin" "$work/cg"
 cat >"$work/bin/containerd-shim-gantry-v2" <<SH
 #!/bin/sh
-exec valgrind -q --log-file=$work/vg.%p.log --vgdb=no --tool=callgrind --trace-children=yes --trace-children-skip='*runc*,*crun*' --trace-children-skip-by-arg=sandbox-init \\
+exec valgrind -q --log-file=$work/vg.%p.log --vgdb=no --tool=callgrind --dump-after='*release_code_pages*' --dump-before='*shim_ttrpc_async..*Method\$u20\$as\$u20\$ttrpc*' --trace-children=yes --trace-children-skip='*runc*,*crun*' --trace-children-skip-by-arg=sandbox-init \\
   --demangle=no --compress-strings=no --compress-pos=no --callgrind-out-file=$work/cg/cg.%p \\
   $bin "\$@"
 SH
@@ -80,6 +80,9 @@ for rt in runc crun; do
   opts=(--runtime io.containerd.gantry.v2 --runtime-config-path "$work/$rt.toml")
   c run --rm "${opts[@]}" $img "once-$rt" sh -c 'echo hello; echo oops >&2; exit 3' >/dev/null 2>&1 || true
   c run -d "${opts[@]}" $img "long-$rt" sleep 600 >/dev/null
+  # Long enough for the daemon to settle (settle::SETTLE_AFTER, slower under callgrind): what
+  # it runs from then on is what a running pod's daemon keeps mapped.
+  c task ls >/dev/null; sleep 6
   c task exec --exec-id e1 "long-$rt" sh -c 'echo exec' >/dev/null
   c task exec --exec-id e2 "long-$rt" false >/dev/null || true
   c task metrics "long-$rt" >/dev/null
@@ -105,22 +108,77 @@ for _ in $(seq 100); do pgrep -f "valgrind.*$work" >/dev/null || break; sleep 0.
 
 echo "== writing link/symbol-order.txt"
 mkdir -p "$repo/link"
-# Every function with a cost line, by role (the daemon, then `start`, then the helpers); within
-# a role, those more of its processes ran first (what every daemon runs, then what the daemons
-# of one engine's path run), hottest first among equals (instructions, summed). A process is a
-# helper by its command line, and the daemon when it ran the daemon's serve loop (its file then
-# holds what `start` ran before forking it too: those pages are the daemon's as well).
-for f in "$work"/cg/cg.*; do
-  if grep -q '^cmd:.* mount-helper' "$f"; then role=3
-  elif grep -q -e '^fn=.*6daemon5serve' -e '^fn=.*6daemon3run' "$f"; then role=1
-  else role=2; fi
-  awk -v role=$role '/^fn=/ { fn = substr($0, 4); sub(/\047[0-9]+$/, "", fn); next }
-     /^[0-9+-]/ && fn != "" { n = split($0, f, " "); if (n >= 2) cost[fn] += f[2] }
-     /^(cfn|cfi|cob|calls)=/ { next }
-     END { for (k in cost) print role, cost[k], k }' "$f"
-done | awk '{ k = $1 " " $3; c[k] += $2; n[k]++ }
-            END { for (k in c) { split(k, p, " "); print p[1], n[k], c[k], p[2] } }' |
-  sort -k1,1n -k2,2nr -k3,3gr -k4 | awk '!seen[$4]++ { print $4 }' | grep -v -e '^0x' -e '^(' >"$repo/link/symbol-order.txt"
-echo "$(wc -l <"$repo/link/symbol-order.txt") functions from $(ls "$work"/cg | wc -l) processes"
+# Every function with a cost line, by role, then within a role those more of its processes ran
+# first (what every daemon runs, then what the daemons of one engine's path run), hottest first
+# among equals (instructions, summed). Roles: 1, what a daemon runs while its containers run,
+# after it has settled and dropped its code pages (settle.rs, sys::release_code_pages) and
+# before a request other than Wait, State, Stats, Pids or Connect: the pages a running pod's
+# daemon keeps mapped;
+# 2, the rest of what a daemon runs (Create, Start, Exec, Delete, and what `start` ran before
+# forking it); 3, what only `start` runs; 4, the mount helper's. Callgrind starts a new part of
+# a process's file at each return from the release and at each entry to a ttrpc method, and
+# names that trigger in the part it ends. A process is a helper by its command line, and the
+# daemon when it ran the daemon's serve loop.
+python3 - "$work/cg" >"$repo/link/symbol-order.txt" <<'PY'
+import collections, os, re, sys
+d = sys.argv[1]
+IDLE = {'Wait', 'State', 'Stats', 'Pids', 'Connect'}
+parts = collections.defaultdict(list)
+for name in os.listdir(d):
+    m = re.match(r'cg\.(\d+)(?:\.\d+)?$', name)
+    if not m:
+        continue
+    text = open(os.path.join(d, name), errors='replace').read()
+    part = re.search(r'^part: *(\d+)', text, re.M)
+    trigger = re.search(r'^desc: Trigger: (.*)$', text, re.M)
+    parts[m.group(1)].append((int(part.group(1)) if part else 0, trigger.group(1) if trigger else '', text))
+cost = collections.defaultdict(int)
+procs = collections.defaultdict(set)
+for pid, ps in parts.items():
+    ps.sort(key=lambda p: p[0])
+    every = ''.join(p[2] for p in ps)
+    if re.search(r'^cmd:.* mount-helper', every, re.M):
+        kind = 4
+    elif re.search(r'^fn=.*6daemon(5serve|3run)', every, re.M):
+        kind = 2
+    else:
+        kind = 3
+    idle = False
+    for _, trigger, text in ps:
+        role = 1 if kind == 2 and idle else kind
+        fn, inclusive = None, False
+        for line in text.splitlines():
+            if line.startswith('fn='):
+                fn = re.sub(r"'\d+$", '', line[3:])
+            elif line.startswith('calls='):
+                inclusive = True  # the next cost line is the callee's, not this function's
+            elif re.match(r'(cfn|cfi|cob)=', line):
+                continue
+            elif inclusive:
+                inclusive = False
+            elif fn and re.match(r'[0-9+-]', line):
+                f = line.split()
+                if len(f) >= 2:
+                    cost[(role, fn)] += int(f[1])
+                    procs[(role, fn)].add(pid)
+        method = re.search(r'shim_ttrpc_async\.\.([A-Za-z]+)Method\$u20\$as', trigger)
+        if 'release_code_pages' in trigger:
+            idle = True
+        elif method and method.group(1) not in IDLE:
+            idle = False
+seen, roles = set(), collections.Counter()
+for role, fn in sorted(cost, key=lambda k: (k[0], -len(procs[k]), -cost[k], k[1])):
+    if fn in seen or fn.startswith(('0x', '(')):
+        continue
+    seen.add(fn)
+    roles[role] += 1
+    print(fn)
+print(f"{len(seen)} functions from {len(parts)} processes: {roles[1]} run while containers run, "
+      f"{roles[2]} the rest of the daemon's, {roles[3]} start's, {roles[4]} the mount helper's",
+      file=sys.stderr)
+if os.environ.get('GANTRY_ORDER_DEBUG'):
+    for k in sorted(cost):
+        print(k[0], len(procs[k]), cost[k], k[1], file=open(os.environ['GANTRY_ORDER_DEBUG'], 'a'))
+PY
 echo "== relinking with the list"
 cargo build --release --quiet --bin containerd-shim-gantry-v2
