@@ -277,7 +277,7 @@ for rt in "${RUNTIMES[@]}"; do
       ctr_ run -d $(run_args "$k" "$rt") "$image" "mem-$rt-$k-$i" sleep 100000 >/dev/null
     done
   done
-  sleep 2 # let the daemons settle into idle
+  sleep 4 # past gantry's settling (src/settle.rs, 2 s after a Start): the daemons idle
   shim_memory "mem-$rt-" "$work/mem-$rt.txt"
   for k in "${KINDS[@]}" ${compare:+cmp}; do
     n=$(awk -v k="$k" '$1 == k' "$work/mem-$rt.txt" | wc -l)
