@@ -2,8 +2,9 @@
 //! an engine makes right after) runs much of the binary once, grows the heap and the reactor's
 //! stack, and starts helper threads that end half a second later; none of that is needed while
 //! the containers just run, which is most of a pod's life. So a while after the last Start,
-//! when nothing else has started meanwhile, the daemon gives it all back at once
-//! ([`crate::sys::trim_heap`]: free heap, dead stack, the executable's code pages). Settling
+//! when nothing else has started meanwhile, the daemon gives it all back at once (the seccomp
+//! profile caches, then [`crate::sys::trim_heap`]: free heap, dead stack, the executable's code
+//! pages). Settling
 //! then, not at Start itself, keeps what the engine's next calls and the helper threads' ends
 //! would fault back in out of the pages a running pod keeps.
 
@@ -27,11 +28,19 @@ impl Default for Settler {
     /// settling would unmap the code another test is measuring (sys.rs tests the release).
     fn default() -> Self {
         #[cfg(not(test))]
-        let release: fn() = crate::sys::trim_heap;
+        let release: fn() = release;
         #[cfg(test)]
         let release: fn() = || {};
         Self::with_release(release)
     }
+}
+
+/// What settling gives back: the policy's caches of generated and validated seccomp profiles,
+/// then free heap, the stack's dead pages and the code pages.
+#[cfg(not(test))]
+fn release() {
+    crate::security::seccomp::forget_cached();
+    crate::sys::trim_heap();
 }
 
 impl Settler {

@@ -164,14 +164,14 @@ pub fn runtime_default(bounding: &[String], arch: &str) -> Profile {
 }
 
 type ProfileCache = Mutex<HashMap<Vec<String>, Arc<Profile>>>;
+static PROFILES: std::sync::OnceLock<ProfileCache> = std::sync::OnceLock::new();
 
 /// [`runtime_default`] for the native architecture, generated once per capability set.
 pub fn cached_runtime_default(bounding: &[String]) -> Arc<Profile> {
-    static CACHE: std::sync::OnceLock<ProfileCache> = std::sync::OnceLock::new();
     let mut key: Vec<String> = bounding.iter().map(|c| caps::normalize(c)).collect();
     key.sort();
     key.dedup();
-    let cache = CACHE.get_or_init(Default::default);
+    let cache = PROFILES.get_or_init(Default::default);
     let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
     map.entry(key)
         .or_insert_with_key(|k| Arc::new(runtime_default(k, std::env::consts::ARCH)))
@@ -279,16 +279,16 @@ fn add(
 }
 
 type ValidationCache = Mutex<HashMap<[u8; 32], Result<Vec<String>, ProfileError>>>;
+static VALIDATIONS: std::sync::OnceLock<ValidationCache> = std::sync::OnceLock::new();
 
 /// [`validate`], remembered per profile content and checks: engines hand every container of
 /// a kind the same profile, and building a 400-rule filter costs about a millisecond.
 pub fn validate_cached(profile: &Profile, checks: Checks) -> Result<Vec<String>, ProfileError> {
-    static CACHE: std::sync::OnceLock<ValidationCache> = std::sync::OnceLock::new();
     let mut hasher = Sha256::new();
     hasher.update(serde_json::to_vec(profile).unwrap_or_default());
     hasher.update(format!("{checks:?}"));
     let key: [u8; 32] = hasher.finalize().into();
-    let cache = CACHE.get_or_init(Default::default);
+    let cache = VALIDATIONS.get_or_init(Default::default);
     if let Some(hit) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return hit.clone();
     }
@@ -299,6 +299,18 @@ pub fn validate_cached(profile: &Profile, checks: Checks) -> Result<Vec<String>,
     }
     map.insert(key, result.clone());
     result
+}
+
+/// Empties both caches: they serve a pod's Creates, which come within moments of each other,
+/// and a settled daemon (`settle.rs`) need not keep a generated profile of ~400 rules for a
+/// Create that may never come; the next one rebuilds them in a millisecond or two.
+pub fn forget_cached() {
+    if let Some(c) = PROFILES.get() {
+        *c.lock().unwrap_or_else(|p| p.into_inner()) = HashMap::new();
+    }
+    if let Some(c) = VALIDATIONS.get() {
+        *c.lock().unwrap_or_else(|p| p.into_inner()) = HashMap::new();
+    }
 }
 
 #[cfg(test)]

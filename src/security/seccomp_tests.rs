@@ -135,6 +135,11 @@ fn generation_is_cached_per_capability_set() {
     assert!(Arc::ptr_eq(&a, &b));
     let c = cached_runtime_default(&caps(&["CAP_SYS_ADMIN"]));
     assert!(!Arc::ptr_eq(&a, &c));
+    // A settled daemon forgets them; the next Create generates the same profile anew.
+    forget_cached();
+    let d = cached_runtime_default(&caps(&["kill", "chown"]));
+    assert!(!Arc::ptr_eq(&a, &d), "still cached after forget_cached");
+    assert_eq!(*a, *d);
 }
 
 fn engine(v: serde_json::Value) -> Profile {
