@@ -4,7 +4,10 @@
 # handler by handler so machine noise hits both alike. Every number printed comes from this run.
 #
 #   scripts/bench-crio.sh --crio BIN --crictl BIN --pinns BIN [--pods N] [--mem-pods M] [--keep]
-#                         [--cgroup-manager cgroupfs|systemd]
+#                         [--cgroup-manager cgroupfs|systemd] [--gantry-config FILE]
+#
+# `--gantry-config FILE` appends FILE to gantry's config (runtime_config_path), say a
+# `[security]` policy, so that memory and latency are measured with it.
 #
 # Memory: M pods per handler (default 10) run at once, first with one app container each, then
 # with three; with all of them running, the PSS, RSS and anonymous memory of every process that
@@ -38,7 +41,7 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 export LC_ALL=C
 
-crio='' crictl='' pinns='' pods=30 mem_pods=10 keep=0 cgm=cgroupfs
+crio='' crictl='' pinns='' pods=30 mem_pods=10 keep=0 cgm=cgroupfs extra_config=
 args=("$@")
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,7 +52,8 @@ while [ $# -gt 0 ]; do
     --pods) pods=${2:?}; shift ;;
     --mem-pods) mem_pods=${2:?}; shift ;;
     --keep) keep=1 ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --gantry-config) extra_config=$(realpath "${2:?}"); shift ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-crio.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -133,6 +137,7 @@ mkdir -p "$work/cni" "$work/logs" "$run"
 echo '{"default":[{"type":"insecureAcceptAnything"}]}' >"$work/policy.json"
 echo '{"cniVersion":"0.4.0","name":"lo-only","plugins":[{"type":"loopback"}]}' >"$work/cni/10-lo.conflist"
 if [ "$cgm" = systemd ]; then printf '[runtime]\nsystemd_cgroup = true\n' >"$work/gantry.toml"; else : >"$work/gantry.toml"; fi
+[ -z "$extra_config" ] || cat "$extra_config" >>"$work/gantry.toml"
 cat >"$work/crio.conf" <<CONF
 [crio]
 root = "$work/storage"
