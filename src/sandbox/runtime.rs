@@ -33,8 +33,9 @@ pub struct FastSandbox {
     start: Mutex<Option<OwnedFd>>,
     started: std::sync::atomic::AtomicBool,
     /// The spec as read at Create, when it has a seccomp filter for the daemon to compile, and
-    /// where compiled filters are kept.
-    seccomp: Option<(serde_json::Value, PathBuf)>,
+    /// where compiled filters are kept. Taken by the init's spawn: a whole spec (with a
+    /// ~400-rule profile, tens of KiB of heap) is not kept for the sandbox's life.
+    seccomp: Mutex<Option<(serde_json::Value, PathBuf)>>,
 }
 
 fn failed(command: &str, message: impl Into<String>) -> RuntimeError {
@@ -86,14 +87,14 @@ impl FastSandbox {
             pid: Mutex::new(None),
             start: Mutex::new(None),
             started: Default::default(),
-            seccomp: None,
+            seccomp: Mutex::new(None),
         }
     }
 
     /// The spec whose seccomp filter the daemon compiles for the init (none: no filter), and
     /// the directory of compiled filters.
     pub fn with_spec(mut self, doc: &serde_json::Value, cache: PathBuf) -> Self {
-        self.seccomp = seccomp::wanted(doc).then(|| (doc.clone(), cache));
+        self.seccomp = Mutex::new(seccomp::wanted(doc).then(|| (doc.clone(), cache)));
         self
     }
 
@@ -172,8 +173,9 @@ impl FastSandbox {
         let (sync_r, sync_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
         let (start_r, start_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
         let (program_r, program_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
+        let filter_spec = self.seccomp.lock().unwrap_or_else(|p| p.into_inner()).take();
         // Without a filter to send the init gets no descriptor 5 (`-1`: not placed).
-        let program_at = if self.seccomp.is_some() { SECCOMP_FD } else { -1 };
+        let program_at = if filter_spec.is_some() { SECCOMP_FD } else { -1 };
         let fds = [
             (high(&sync_w)?, SYNC_FD),
             (high(&start_r)?, START_FD),
@@ -193,7 +195,7 @@ impl FastSandbox {
         let exited = self.reaper.subscribe_since(pid, Some(since));
         drop(cmd);
         drop((sync_w, start_r, program_r));
-        let compiled = self.seccomp.clone().map(|(doc, dir)| {
+        let compiled = filter_spec.map(|(doc, dir)| {
             tokio::task::spawn_blocking(move || seccomp::send(&doc, program_w, Some(&seccomp::Cache::new(dir))))
         });
         *self.start.lock().unwrap_or_else(|p| p.into_inner()) = Some(start_w);
