@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Soak with leak accounting: N cycles (default 1000) of container lifecycles through gantry on
 # a private containerd and CRI-O style (examples/soak.rs says what one cycle is), sampling the
-# long-lived daemon's fds/threads/RSS and the node's mounts, cgroups, zombies, sockets, runtime
+# long-lived daemon's fds/threads/anonymous RSS and the node's mounts, cgroups, zombies, sockets, runtime
 # files and bundles at the start, middle and end. Prints one table; exits non-zero when
 # anything grew beyond its noise bound.
 #
