@@ -7,8 +7,8 @@ use containerd_shim_protos::api::Status;
 
 use crate::common::task::{process_any, task};
 use crate::common::{
-    assert_clean, code, crio_bundle, crio_remove, crio_start, ctx, env, message, open_fifo_reader, read_fifo,
-    task_client, text, wait_until,
+    assert_clean, code, crio_bundle, crio_remove, crio_start, ctx, daemon_pid, env, message, open_fifo_reader,
+    read_fifo, task_client, text, wait_until,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,10 +24,7 @@ async fn crio_lifecycle_grouping_and_shutdown() {
     let address = String::from_utf8(o.stdout.clone()).unwrap();
     assert!(address.starts_with("unix:///"), "{address:?}");
     assert_eq!(std::fs::read_to_string(infra.dir.join("address")).unwrap(), address);
-    let daemon: i32 = std::fs::read_to_string(infra.dir.join("shim.pid"))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let daemon = daemon_pid(&infra.dir);
 
     let client = task_client(&address).await;
     let _infra_out = open_fifo_reader(&infra.stdout);
@@ -45,10 +42,7 @@ async fn crio_lifecycle_grouping_and_shutdown() {
     let o = crio_start(&ns, &app.dir, "app1", b"");
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(String::from_utf8(o.stdout.clone()).unwrap(), address);
-    let app_daemon: i32 = std::fs::read_to_string(app.dir.join("shim.pid"))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let app_daemon = daemon_pid(&app.dir);
     assert_eq!(app_daemon, daemon);
     assert_eq!(
         env.shim_processes("default").iter().filter(|p| **p == daemon).count(),
@@ -138,10 +132,7 @@ async fn a_running_pods_daemon_settles_and_serves_on() {
     let o = crio_start(&ns, &infra.dir, "pod1", b"");
     assert!(o.status.success(), "{}", text(&o));
     let address = String::from_utf8(o.stdout.clone()).unwrap();
-    let daemon: i32 = std::fs::read_to_string(infra.dir.join("shim.pid"))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let daemon = daemon_pid(&infra.dir);
     let client = task_client(&address).await;
     let _infra_out = open_fifo_reader(&infra.stdout);
     client

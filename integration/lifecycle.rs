@@ -9,16 +9,9 @@ use containerd_shim_protos::api::{ConnectRequest, ShutdownRequest};
 use crate::common::task::task;
 
 use crate::common::{
-    assert_clean, code, crio_bundle, crio_create_req, crio_kill_and_remove, crio_start, ctx, env, message,
+    assert_clean, code, crio_bundle, crio_create_req, crio_kill_and_remove, crio_start, ctx, daemon_pid, env, message,
     open_fifo_reader, runtimeoptions_any, task_client, text, wait_until,
 };
-
-fn daemon_pid(bundle: &Path) -> i32 {
-    std::fs::read_to_string(bundle.join("shim.pid"))
-        .unwrap()
-        .parse()
-        .unwrap()
-}
 
 fn alive(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()

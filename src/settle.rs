@@ -4,9 +4,8 @@
 //! the containers just run, which is most of a pod's life. So a while after the last Start,
 //! when nothing else has started meanwhile, the daemon gives it all back at once (the seccomp
 //! profile caches, then [`crate::sys::trim_heap`]: free heap, dead stack, the executable's code
-//! pages). Settling
-//! then, not at Start itself, keeps what the engine's next calls and the helper threads' ends
-//! would fault back in out of the pages a running pod keeps.
+//! pages). Settling then, not at Start itself, keeps what the engine's next calls and the helper
+//! threads' ends would fault back in out of the pages a running pod keeps.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -80,6 +80,14 @@ pub fn text(o: &Output) -> String {
 }
 
 /// Polls `f` until it returns true or `timeout` passes.
+/// The pid of the daemon serving a bundle (`start` writes it to `shim.pid`).
+pub fn daemon_pid(bundle: &Path) -> i32 {
+    std::fs::read_to_string(bundle.join("shim.pid"))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + timeout;
     while Instant::now() < end {
