@@ -12,7 +12,7 @@ use crate::common::{assert_clean, env, run, text, wait_until, Env, Ns, IMAGE, RU
 const NODE: &str = "needs the production-shaped node: run through scripts/test.sh --node";
 
 /// Fails loudly when run (`--ignored`) anywhere but on such a node.
-fn on_node() -> &'static Env {
+pub(crate) fn on_node() -> &'static Env {
     let fs = run(Command::new("stat").args(["-fc", "%T", "/sys/fs/cgroup"]));
     assert_eq!(
         String::from_utf8_lossy(&fs.stdout).trim(),
@@ -121,13 +121,15 @@ fn cgroup_v2_limits_stats_update_freeze_and_cleanup() {
     }
 }
 
-/// gantry's `systemd_cgroup = true`: the container runs in a transient scope under its slice
-/// with the spec's limit, and the scope is gone after delete.
+/// A `slice:prefix:name` cgroupsPath with gantry's config as shipped (no `systemd_cgroup` key,
+/// no runc option from the engine): the path's form picks runc's systemd driver, so the
+/// container runs in a transient scope under its slice with the spec's limit, and the scope is
+/// gone after delete.
 #[test]
 #[ignore = "needs the production-shaped node: run through scripts/test.sh --node"]
 fn the_systemd_cgroup_driver_runs_the_container_in_a_scope_it_removes() {
     let env = on_node();
-    let ns = env.namespace_with("node-systemd", "[runtime]\nsystemd_cgroup = true\n");
+    let ns = env.namespace("node-systemd");
     let scope = format!("gantry-{}.scope", ns.name);
     let cgroup = format!("gantrytest.slice:gantry:{}", ns.name);
     let flags = ["--cgroup", cgroup.as_str(), "--memory-limit", "67108864"];

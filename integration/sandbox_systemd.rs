@@ -198,15 +198,14 @@ fn set_cgroups_path(b: &CrioBundle, path: &str) {
 }
 
 /// CRI-O's shape under its default `cgroup_manager = "systemd"`: `slice:crio:<id>` in the pod's
-/// slice. Both containers end up in scopes systemd made, with the same view of everything.
+/// slice, and gantry's config as shipped (no `systemd_cgroup` key: the path's form picks the
+/// driver). Both containers end up in scopes systemd made, with the same view of everything,
+/// and the fast path takes the pause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_path_with_the_systemd_driver_matches_runc() {
     let env = env();
-    let fast_ns = env.namespace_with("sbxsd-fast", "[runtime]\nsystemd_cgroup = true\n");
-    let runc_ns = env.namespace_with(
-        "sbxsd-runc",
-        "[runtime]\nsystemd_cgroup = true\nsandbox_fast_path = false\n",
-    );
+    let fast_ns = env.namespace("sbxsd-fast");
+    let runc_ns = env.namespace_with("sbxsd-runc", "sandbox_fast_path = false\n");
     let rootfs = pause_rootfs();
     // Pinned before the namespace is made, so that its copy of the mounts holds them.
     let pinned = Pinned::new(&fast_ns.dir);

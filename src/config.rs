@@ -34,6 +34,10 @@ pub struct ShimConfig {
     pub socket_dir: Option<PathBuf>,
     /// `debug`, `info`, `warn` or `error`; `-debug` on the command line forces `debug`.
     pub log_level: String,
+    /// Where each daemon moves before it serves, out of the engine's service cgroup:
+    /// `"auto"`, `"engine"` (stay), a `*.slice` or an absolute cgroupfs parent
+    /// (see [`crate::daemon_cgroup`]).
+    pub daemon_cgroup: String,
 }
 
 /// Where daemons' sockets go when neither the config nor the engine names a directory.
@@ -56,6 +60,7 @@ impl Default for ShimConfig {
         Self {
             socket_dir: None,
             log_level: "info".into(),
+            daemon_cgroup: "auto".into(),
         }
     }
 }
@@ -67,8 +72,9 @@ pub struct RuntimeConfig {
     pub binary: String,
     /// State root of the OCI runtime; the namespace is appended, as the runc shim does.
     pub root: PathBuf,
-    /// Let the OCI runtime manage cgroups through systemd.
-    pub systemd_cgroup: bool,
+    /// Which cgroup driver the OCI runtime uses: each container's own `cgroupsPath` decides
+    /// unless the operator overrides it (see [`CgroupDriver`]).
+    pub systemd_cgroup: CgroupDriver,
     /// Seconds each runtime call may take before it is killed.
     pub timeouts: RuntimeTimeouts,
     /// Start pods' pause containers without the OCI runtime (see [`crate::sandbox`]).
@@ -83,10 +89,71 @@ impl Default for RuntimeConfig {
         Self {
             binary: "runc".into(),
             root: PathBuf::from("/run/gantry/runtime"),
-            systemd_cgroup: false,
+            systemd_cgroup: CgroupDriver::FollowEngine,
             timeouts: RuntimeTimeouts::default(),
             sandbox_fast_path: true,
             cgroup_warmup: true,
+        }
+    }
+}
+
+/// The runtime's cgroup driver: `systemd_cgroup = "auto"` (the default) or a boolean override.
+///
+/// Why follow the engine by default: the engine already chose its driver and wrote it into every
+/// `cgroupsPath` (CRI-O's default systemd manager writes `slice:prefix:name`, a cgroupfs engine
+/// an absolute path), and runc misreads a path of the other form (a systemd triple taken as a
+/// cgroupfs path becomes a directory literally named `slice:prefix:name`, outside the pod).
+/// A fixed key in gantry's config cannot be right for both engines' defaults at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CgroupDriver {
+    /// The systemd driver for a `slice:prefix:name` path, cgroupfs for any other; with no
+    /// path, the engine's runc `SystemdCgroup` option.
+    #[default]
+    FollowEngine,
+    /// `true`: always the systemd driver.
+    Systemd,
+    /// `false`: always cgroupfs.
+    Cgroupfs,
+}
+
+impl CgroupDriver {
+    /// Whether the runtime runs a container with this `cgroupsPath` through systemd;
+    /// `engine_systemd` is the engine's runc option (containerd's `SystemdCgroup`).
+    pub fn systemd_for(self, engine_systemd: bool, cgroups_path: &str) -> bool {
+        match self {
+            CgroupDriver::Systemd => true,
+            CgroupDriver::Cgroupfs => false,
+            CgroupDriver::FollowEngine if cgroups_path.is_empty() => engine_systemd,
+            CgroupDriver::FollowEngine => crate::cgroups::is_systemd_path(cgroups_path),
+        }
+    }
+}
+
+impl Serialize for CgroupDriver {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            CgroupDriver::FollowEngine => s.serialize_str("auto"),
+            CgroupDriver::Systemd => s.serialize_bool(true),
+            CgroupDriver::Cgroupfs => s.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CgroupDriver {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Flag(bool),
+            Word(String),
+        }
+        match Raw::deserialize(d) {
+            Ok(Raw::Flag(true)) => Ok(CgroupDriver::Systemd),
+            Ok(Raw::Flag(false)) => Ok(CgroupDriver::Cgroupfs),
+            Ok(Raw::Word(w)) if w == "auto" => Ok(CgroupDriver::FollowEngine),
+            _ => Err(serde::de::Error::custom(
+                "expected \"auto\" (follow each container's cgroupsPath), true or false",
+            )),
         }
     }
 }
@@ -214,6 +281,14 @@ impl Config {
         }
         if let Err((key, msg)) = self.security.validate() {
             return Err(Config::invalid(path, find(key), format!("security.{key}"), msg));
+        }
+        if let Err(msg) = crate::daemon_cgroup::Placement::parse(&self.shim.daemon_cgroup) {
+            return Err(Config::invalid(
+                path,
+                find("daemon_cgroup"),
+                "shim.daemon_cgroup".into(),
+                msg,
+            ));
         }
         if self.shim.socket_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
             let msg = "must be an absolute path".to_string();

@@ -46,6 +46,13 @@ use libcgroups::common::CgroupSetup;
 use protobuf::well_known_types::any::Any;
 use protobuf::Message;
 
+/// Whether a `cgroupsPath` is in the systemd driver's form, `slice:prefix:name` (the slice may
+/// be empty), as runc's systemd driver parses it; an absolute or other relative path is a
+/// cgroupfs path.
+pub fn is_systemd_path(cgroups_path: &str) -> bool {
+    !cgroups_path.starts_with('/') && cgroups_path.split(':').count() == 3
+}
+
 pub use containerd_shim_protos::cgroups::metrics::Metrics as MetricsV1;
 pub use containerd_shim_protos::cgroups_v2::metrics::Metrics as MetricsV2;
 pub use oom::OomWatcher;
@@ -424,6 +431,18 @@ fn write_files(dir: &Path, files: &[(&str, &str)]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn systemd_paths_are_told_from_cgroupfs_paths() {
+        assert!(is_systemd_path("kubepods-besteffort-pod1.slice:crio:abc"));
+        assert!(is_systemd_path(":crio:abc"));
+        assert!(is_systemd_path("system.slice:docker:abc"));
+        assert!(!is_systemd_path("/kubepods/besteffort/pod1/abc"));
+        assert!(!is_systemd_path("/a:b:c"));
+        assert!(!is_systemd_path("relative/path"));
+        assert!(!is_systemd_path("a:b"));
+        assert!(!is_systemd_path(""));
+    }
 
     const HYBRID_MOUNTINFO: &str = "\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

@@ -82,14 +82,14 @@ impl RuntimeRecord {
     }
 
     /// The record a bundle without one stands for: the config's runtime, as Create would have
-    /// chosen it without engine options.
-    pub fn from_config(config: &Config, namespace: &str) -> Self {
+    /// chosen it without engine options for a container with `cgroups_path`.
+    pub fn from_config(config: &Config, namespace: &str, cgroups_path: &str) -> Self {
         Self {
             format: Self::FORMAT,
             shim: None,
             binary: config.runtime.binary.clone(),
             root: config.runtime.root.join(namespace),
-            systemd_cgroup: config.runtime.systemd_cgroup,
+            systemd_cgroup: config.runtime.systemd_cgroup.systemd_for(false, cgroups_path),
             rootfs_mounted: false,
             socket_dir: config.shim.socket_dir_for(None),
         }
@@ -176,14 +176,15 @@ fn oci_runtime(w: &Wanted<'_>) -> OciRuntime {
         .map(PathBuf::from)
         .unwrap_or_else(|| config.runtime.root.clone())
         .join(w.namespace);
-    OciRuntime::new(
-        &binary,
-        root,
-        engine.systemd_cgroup || config.runtime.systemd_cgroup,
-        w.bundle.join(RUNTIME_LOG),
-        w.reaper.clone(),
-    )
-    .with_timeouts(config.runtime.timeouts)
+    let cgroups_path = w.spec.document().ok().and_then(|doc| {
+        doc.pointer("/linux/cgroupsPath")
+            .and_then(serde_json::Value::as_str)
+            .map(String::from)
+    });
+    let systemd =
+        (config.runtime.systemd_cgroup).systemd_for(engine.systemd_cgroup, cgroups_path.as_deref().unwrap_or(""));
+    OciRuntime::new(&binary, root, systemd, w.bundle.join(RUNTIME_LOG), w.reaper.clone())
+        .with_timeouts(config.runtime.timeouts)
 }
 
 #[cfg(test)]
@@ -247,6 +248,42 @@ mod tests {
         );
     }
 
+    fn with_cgroups_path(path: &str) -> (HashMap<String, String>, Edited) {
+        let doc = serde_json::json!({ "linux": { "cgroupsPath": path } });
+        let spec = Edited {
+            original: serde_json::to_vec(&doc).unwrap(),
+            doc: Some(doc),
+            write: None,
+            edits: Default::default(),
+        };
+        (HashMap::new(), spec)
+    }
+
+    /// CRI-O's default systemd manager writes `slice:prefix:name` and sends no runc options:
+    /// the path alone must pick runc's systemd driver, and an absolute path cgroupfs, unless
+    /// the operator pinned the driver.
+    #[test]
+    fn the_cgroups_path_picks_the_driver_unless_the_config_pins_it() {
+        use crate::config::CgroupDriver;
+        let (reaper, log) = (Reaper::default(), Logger::root(slog::Discard, slog::o!()));
+        let engine = EngineOptions::default();
+        let systemd = with_cgroups_path("kubepods-besteffort-pod1.slice:crio:c1");
+        let cgroupfs = with_cgroups_path("/kubepods/besteffort/pod1/c1");
+        let mut config = Config::default();
+        let pick = |config: &Config, spec| {
+            OciRuntimes
+                .for_create(&wanted(&engine, config, spec, &reaper, &log))
+                .identity()
+                .systemd_cgroup
+        };
+        assert!(pick(&config, &systemd));
+        assert!(!pick(&config, &cgroupfs));
+        config.runtime.systemd_cgroup = CgroupDriver::Cgroupfs;
+        assert!(!pick(&config, &systemd));
+        config.runtime.systemd_cgroup = CgroupDriver::Systemd;
+        assert!(pick(&config, &cgroupfs));
+    }
+
     #[test]
     fn a_record_rebuilds_the_runtime_create_chose() {
         let record = RuntimeRecord {
@@ -277,7 +314,9 @@ mod tests {
     #[test]
     fn a_bundle_without_a_record_stands_for_the_configs_runtime() {
         let config = Config::default();
-        let r = RuntimeRecord::from_config(&config, "default");
+        let r = RuntimeRecord::from_config(&config, "default", "");
+        assert!(!r.systemd_cgroup);
+        assert!(RuntimeRecord::from_config(&config, "default", "pod1.slice:crio:c1").systemd_cgroup);
         assert_eq!(r.binary, config.runtime.binary);
         assert_eq!(r.root, config.runtime.root.join("default"));
         assert!(!r.rootfs_mounted);
@@ -296,7 +335,7 @@ mod tests {
         assert_eq!((r.format, r.shim.as_deref(), r.rootfs_mounted), (1, None, true));
         let now = RuntimeRecord {
             shim: Some("/opt/gantry/0.1.0-abc/containerd-shim-gantry-v2".into()),
-            ..RuntimeRecord::from_config(&Config::default(), "ns")
+            ..RuntimeRecord::from_config(&Config::default(), "ns", "")
         };
         std::fs::write(&file, serde_json::to_vec(&now).unwrap()).unwrap();
         let r = RuntimeRecord::read(dir.path()).unwrap().unwrap();

@@ -25,7 +25,7 @@
 //! hooks, a terminal, AppArmor and SELinux labels, `cgroup` mounts, seccomp notification, and
 //! any field of `process` or `linux` this module does not know.
 
-mod cgroup;
+pub(crate) mod cgroup;
 mod cgroup_entry;
 pub mod check;
 mod creds;
@@ -34,7 +34,7 @@ pub mod init;
 mod rootfs;
 pub mod runtime;
 mod seccomp;
-mod systemd;
+pub(crate) mod systemd;
 
 pub use check::{check, is_pause, is_sandbox, Fallback};
 pub use runtime::FastSandbox;
@@ -116,7 +116,7 @@ pub const STARTUP_WARM: std::time::Duration = std::time::Duration::from_millis(2
 pub fn warm_for_systemd_scopes(config: &Config) {
     let runtime = &config.runtime;
     if runtime.sandbox_fast_path
-        && runtime.systemd_cgroup
+        && runtime.systemd_cgroup != crate::config::CgroupDriver::Cgroupfs
         && check::Driver::on_this_host(true) == check::Driver::Systemd
     {
         crate::cgroups::warm::hold_for(STARTUP_WARM);
