@@ -8,6 +8,7 @@ mod cri;
 mod cri_exec;
 mod cri_restart;
 mod crio;
+mod daemon_cgroup;
 mod faults;
 mod gpu;
 /// The library's GPU fixtures (fake NVIDIA nodes, CDI specs), compiled into this target.

@@ -22,7 +22,7 @@ use crate::options::{self, EngineOptions};
 use crate::reaper::Reaper;
 use crate::runtime::choose::{OciRuntimes, RuntimeRecord, Runtimes};
 use crate::runtime::OciRuntime;
-use crate::{files, spec};
+use crate::{daemon_cgroup, files, spec};
 
 /// The fd numbers the daemon inherits: its bound listener and the ready pipe.
 pub const LISTENER_FD: i32 = 3;
@@ -350,7 +350,10 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
     reaper.start().map_err(io_err("signal handler", &bundle))?;
     let record = match record {
         Some(r) => r,
-        None => RuntimeRecord::from_config(&Config::resolve(None)?.0, &flags.namespace),
+        None => {
+            let path = spec_value(&bundle, "/linux/cgroupsPath").unwrap_or_default();
+            RuntimeRecord::from_config(&Config::resolve(None)?.0, &flags.namespace, &path)
+        }
     };
     let rt = OciRuntimes.for_record(&record, &bundle, reaper);
     match rt.delete(&flags.id, true).await {
@@ -370,6 +373,15 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
     let address = address
         .as_deref()
         .map(|a| a.trim().trim_start_matches("unix://").to_string());
+    if let Some(socket) = &address {
+        // A killed daemon's cgroupfs home (a systemd scope is collected by systemd).
+        let placement = Config::resolve(None)
+            .ok()
+            .and_then(|(c, _)| daemon_cgroup::Placement::parse(&c.shim.daemon_cgroup).ok());
+        if let Some(cgroup) = placement.and_then(|p| daemon_cgroup::cgroup_of_dead(&p, Path::new(socket), &flags.id)) {
+            daemon_cgroup::remove_cgroup(&cgroup);
+        }
+    }
     for path in address.into_iter().chain(seccomp_listener(&bundle)) {
         let path = Path::new(&path);
         if files::is_socket_in(path, &record.socket_dir) && UnixStream::connect(path).is_err() {
@@ -389,8 +401,13 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
 
 /// `linux.seccomp.listenerPath` of the bundle's spec, if any.
 fn seccomp_listener(bundle: &Path) -> Option<String> {
+    spec_value(bundle, "/linux/seccomp/listenerPath")
+}
+
+/// One string of the bundle's spec (`delete` has no daemon that kept it in memory).
+fn spec_value(bundle: &Path, pointer: &str) -> Option<String> {
     let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(bundle.join("config.json")).ok()?).ok()?;
-    spec.pointer("/linux/seccomp/listenerPath")?.as_str().map(String::from)
+    spec.pointer(pointer)?.as_str().map(String::from)
 }
 
 /// `-v`: name, version and git revision.

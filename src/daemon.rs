@@ -5,7 +5,7 @@
 
 use std::io::Write;
 use std::os::fd::FromRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use slog::{info, o, warn, Logger};
@@ -14,6 +14,7 @@ use thiserror::Error;
 use crate::args::Flags;
 use crate::bootstrap::{bundle_dir, LISTENER_FD, READY_FD};
 use crate::config::Config;
+use crate::daemon_cgroup::{self, Placement};
 use crate::events::Publisher;
 use crate::logging;
 use crate::peer::SameUserListener;
@@ -21,8 +22,8 @@ use crate::reaper::{self, Reaper};
 use crate::service::{services, Service, TaskService};
 use crate::telemetry::{EventsConfig, Telemetry};
 
-/// How long a daemon emptied by Shutdown waits for the engine to hang up (so that every reply
-/// queued for it is written) before it exits anyway.
+/// How long a daemon emptied by Shutdown waits for its queued replies to be written before it
+/// exits anyway.
 const REPLY_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long an idle blocking-pool thread waits for more work before it ends.
@@ -63,6 +64,14 @@ pub fn serve(flags: &Flags, config: Config) -> Result<(), DaemonError> {
     };
     let log = log.new(o!("shim_pid" => std::process::id()));
     logging::bridge_log_facade(&log);
+    // Before it serves: from its first reply on, the engine's restart must not reach it.
+    let placement = Placement::parse(&config.shim.daemon_cgroup).unwrap_or(Placement::Auto);
+    let home = daemon_cgroup::leave_engine(
+        &placement,
+        &daemon_cgroup::name_for(Path::new(&flags.socket), &flags.id),
+        &format!("gantry shim for pod {} (namespace {})", flags.id, flags.namespace),
+        &log,
+    );
     if let Err(e) = reaper::set_subreaper() {
         warn!(log, "cannot become child subreaper"; "error" => %e);
     }
@@ -86,6 +95,7 @@ pub fn serve(flags: &Flags, config: Config) -> Result<(), DaemonError> {
         let _ = std::fs::remove_file(&socket);
     }
     info!(log, "daemon exiting"; "id" => &flags.id);
+    home.leave();
     result
 }
 
@@ -126,7 +136,6 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger, events: &EventsConfig)
     // Only peers of the daemon's own user get a ttrpc connection, whatever the socket's mode.
     let accepted = SameUserListener::new(listener, log.clone());
     task.set_connections(accepted.connections());
-    let connections = accepted.connections();
     let mut server = ttrpc::r#async::Server::new()
         .add_listener(ttrpc::r#async::transport::Listener::new(accepted))
         .register_service(services(Service(task.clone())));
@@ -153,17 +162,20 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger, events: &EventsConfig)
     let _ = std::fs::remove_file(&socket);
     if by_shutdown {
         // The answer to the Shutdown, and to any request that came with it, may still sit in a
-        // connection's write queue: ttrpc's server shutdown waits for handlers, not for its
-        // writers, and the process ends right after. Engines hang up once they have their
-        // answers (containerd and CRI-O close the client after Shutdown), so wait for that,
-        // bounded, before closing anything.
-        if tokio::time::timeout(REPLY_GRACE, connections.none()).await.is_err() {
-            info!(log, "engine still connected after Shutdown; exiting anyway"; "waited_ms" => REPLY_GRACE.as_millis() as u64);
+        // connection's write queue. ttrpc's server shutdown ends each connection's reader, lets
+        // its handlers finish, and its writer then writes what they queued before it ends: the
+        // server waits for those writers. CRI-O never hangs up after its last Shutdown, so
+        // waiting for the engine to close is no signal; a writer stuck on a peer that stopped
+        // reading is bounded.
+        if tokio::time::timeout(REPLY_GRACE, server.shutdown()).await.is_err() {
+            info!(log, "replies not written within the grace; exiting anyway"; "waited_ms" => REPLY_GRACE.as_millis() as u64);
         }
     }
     flusher.flush(std::time::Duration::from_secs(3)).await;
     telemetry.flush(std::time::Duration::from_secs(1)).await;
-    let _ = server.shutdown().await;
+    if !by_shutdown {
+        let _ = server.shutdown().await;
+    }
     Ok(())
 }
 

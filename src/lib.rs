@@ -8,6 +8,7 @@ pub mod cgroups;
 pub mod config;
 pub mod container;
 pub mod daemon;
+pub mod daemon_cgroup;
 pub mod dbus;
 pub mod devices;
 pub mod environ;

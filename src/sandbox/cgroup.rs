@@ -187,7 +187,7 @@ pub fn effective_resources(
 }
 
 /// Mount points of the seen v1 hierarchies whose super options pass `pick`.
-pub(super) fn hierarchies(pick: fn(&str) -> bool) -> Vec<PathBuf> {
+pub(crate) fn hierarchies(pick: fn(&str) -> bool) -> Vec<PathBuf> {
     cgroup_mounts("cgroup", pick)
 }
 
@@ -210,7 +210,7 @@ fn extra_hierarchies() -> Vec<PathBuf> {
 }
 
 /// Mount points of the seen cgroup2 hierarchy (one, or none on a v1-only host).
-pub(super) fn cgroup2_mounts() -> Vec<PathBuf> {
+pub(crate) fn cgroup2_mounts() -> Vec<PathBuf> {
     cgroup_mounts("cgroup2", |_| true)
 }
 

@@ -95,18 +95,50 @@ pub fn start_scope(
     timeout: Duration,
 ) -> Result<PathBuf, CgroupError> {
     let until = Instant::now() + timeout;
-    let bus = system_bus().ok_or_else(|| err(Path::new("/run/dbus/system_bus_socket"), "no system D-Bus socket"))?;
-    let mut conn = Connection::open(&bus, until).map_err(|why| err(&bus, why))?;
-    let slice = if slice.is_empty() { "system.slice" } else { slice };
-    let start = Call::manager("StartTransientUnit", "ssa(sv)a(sa(sv))");
-    conn.call(&start, |w| scope_request(w, unit, slice, pid, extra))
-        .map_err(|why| err(&bus, format!("{why} ({})", unit.scope)))?;
+    let scope = Scope {
+        unit: &unit.scope,
+        description: &format!("libcontainer container {}", unit.name),
+        slice,
+        pid,
+        extra,
+    };
+    request_scope(&scope, until)?;
     wait_in_scope(pid, &unit.scope, until).map_err(|why| err(Path::new(&format!("/proc/{pid}/cgroup")), why))
 }
 
+/// A transient scope to start: runc's properties for a container scope, plus `extra`.
+pub struct Scope<'a> {
+    /// `name.scope`.
+    pub unit: &'a str,
+    pub description: &'a str,
+    /// The parent slice; empty for `system.slice`.
+    pub slice: &'a str,
+    pub pid: u32,
+    pub extra: &'a [(String, Property)],
+}
+
+/// `StartTransientUnit` for `scope`, answered by `until`; systemd moves the pid in after it
+/// answers (the caller waits for that as it needs).
+pub fn request_scope(scope: &Scope<'_>, until: Instant) -> Result<(), CgroupError> {
+    let bus = system_bus().ok_or_else(|| err(Path::new("/run/dbus/system_bus_socket"), "no system D-Bus socket"))?;
+    let mut conn = Connection::open(&bus, until).map_err(|why| err(&bus, why))?;
+    let start = Call::manager("StartTransientUnit", "ssa(sv)a(sa(sv))");
+    conn.call(&start, |w| scope_request(w, scope))
+        .map_err(|why| err(&bus, format!("{why} ({})", scope.unit)))?;
+    Ok(())
+}
+
 /// The request's body: runc's properties for a container scope.
-fn scope_request(w: &mut Writer, unit: &SystemdUnit, slice: &str, pid: u32, extra: &[(String, Property)]) {
-    w.string(&unit.scope);
+fn scope_request(w: &mut Writer, scope: &Scope<'_>) {
+    let Scope {
+        unit,
+        description,
+        slice,
+        pid,
+        extra,
+    } = *scope;
+    let slice = if slice.is_empty() { "system.slice" } else { slice };
+    w.string(unit);
     w.string("replace");
     w.array(8, |w| {
         let prop = |w: &mut Writer, name: &str, value: &dyn Fn(&mut Writer)| {
@@ -116,7 +148,7 @@ fn scope_request(w: &mut Writer, unit: &SystemdUnit, slice: &str, pid: u32, extr
         };
         let text = |v: String| move |w: &mut Writer| w.variant("s", &|w: &mut Writer| w.string(&v));
         let flag = |v: bool| move |w: &mut Writer| w.variant("b", &|w: &mut Writer| w.u32(v as u32));
-        prop(w, "Description", &text(format!("libcontainer container {}", unit.name)));
+        prop(w, "Description", &text(description.to_string()));
         prop(w, "Slice", &text(slice.to_string()));
         prop(w, "Delegate", &flag(true));
         for accounting in ["MemoryAccounting", "CPUAccounting", "IOAccounting", "TasksAccounting"] {
@@ -174,7 +206,14 @@ mod tests {
     #[test]
     fn the_scope_request_holds_runcs_properties_and_the_pid() {
         let mut w = Writer::default();
-        scope_request(&mut w, &unit(), "kubepods-pod1.slice", 4242, &[]);
+        let scope = Scope {
+            unit: &unit().scope,
+            description: "libcontainer container abc",
+            slice: "kubepods-pod1.slice",
+            pid: 4242,
+            extra: &[],
+        };
+        scope_request(&mut w, &scope);
         let body = String::from_utf8_lossy(&w.buf).into_owned();
         for want in [
             "crio-abc.scope",
@@ -228,7 +267,14 @@ mod tests {
             ("TimeoutStopUSec".to_string(), Property::Number(7)),
         ];
         let mut w = Writer::default();
-        scope_request(&mut w, &unit(), "", 1, &extra);
+        let scope = Scope {
+            unit: &unit().scope,
+            description: "libcontainer container abc",
+            slice: "",
+            pid: 1,
+            extra: &extra,
+        };
+        scope_request(&mut w, &scope);
         let at = w.buf.windows(15).position(|x| x == b"TimeoutStopUSec").unwrap();
         let sig = at + 16;
         assert_eq!(&w.buf[sig..sig + 3], b"\x01t\x00");
