@@ -61,11 +61,17 @@ async fn a_daemon_serves_from_its_own_cgroup_and_takes_it_away_when_it_exits() {
     // Out of the cgroups of the process that started it (the engine), in every hierarchy.
     let ours = cgroups(std::process::id() as i32);
     let its = cgroups(daemon);
+    let said = || std::fs::read_to_string(infra.dir.join("log")).unwrap_or_default();
     let suffix = home_suffix(&socket);
     assert!(!its.is_empty());
     for (hierarchy, path) in &its {
         let engine = ours.iter().find(|(h, _)| h == hierarchy).map(|(_, p)| p.as_str());
-        assert_ne!(Some(path.as_str()), engine, "hierarchy {hierarchy} still the engine's");
+        assert_ne!(
+            Some(path.as_str()),
+            engine,
+            "hierarchy {hierarchy} still the engine's:\n{}",
+            said()
+        );
         assert!(path.ends_with(&suffix), "hierarchy {hierarchy}: {path}, want …{suffix}");
     }
     let relative = its[0].1.clone();
@@ -149,13 +155,11 @@ async fn stopping_the_engines_unit_leaves_its_pods_daemons_serving() {
     // The engine: a service with the default KillMode whose process runs `start` as CRI-O
     // does, then stays, as an engine would.
     let start = crate::common::crio_start_cmd(&ns, &infra.dir, "eu1");
-    let mut line = format!("exec >{} ", address_file.display());
-    line.push_str(&format!("{}", start.get_program().to_string_lossy()));
+    let mut line = format!("'{}'", start.get_program().to_string_lossy());
     for a in start.get_args() {
-        let a = a.to_string_lossy();
-        line.push_str(&format!(" '{a}'"));
+        line.push_str(&format!(" '{}'", a.to_string_lossy()));
     }
-    line.push_str(" </dev/null; exec sleep 1000");
+    line.push_str(&format!(" >{} </dev/null; exec sleep 1000", address_file.display()));
     let mut systemd_run = std::process::Command::new("systemd-run");
     systemd_run
         .arg(format!("--unit={unit}"))

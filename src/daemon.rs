@@ -55,7 +55,6 @@ pub fn serve(flags: &Flags, config: Config) -> Result<(), DaemonError> {
     }
     crate::sys::one_malloc_arena();
     crate::cgroups::warm::set_enabled(config.runtime.cgroup_warmup);
-    crate::sandbox::warm_for_systemd_scopes(&config);
     let bundle = bundle_dir(flags);
     let level = logging::level(&config.shim.log_level, flags.debug);
     let log = match logging::open_log_fifo(&bundle) {
@@ -72,6 +71,9 @@ pub fn serve(flags: &Flags, config: Config) -> Result<(), DaemonError> {
         &format!("gantry shim for pod {} (namespace {})", flags.id, flags.namespace),
         &log,
     );
+    // After the move: the warm-up keeps rewriting the cgroup it finds first, and would move
+    // the daemon back into the engine's.
+    crate::sandbox::warm_for_systemd_scopes(&config);
     if let Err(e) = reaper::set_subreaper() {
         warn!(log, "cannot become child subreaper"; "error" => %e);
     }
