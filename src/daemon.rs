@@ -22,8 +22,8 @@ use crate::reaper::{self, Reaper};
 use crate::service::{services, Service, TaskService};
 use crate::telemetry::{EventsConfig, Telemetry};
 
-/// How long a daemon emptied by Shutdown waits for its queued replies to be written before it
-/// exits anyway.
+/// How long a daemon emptied by Shutdown waits for the engine to hang up (so that every reply
+/// queued for it is written) before it exits anyway.
 const REPLY_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long an idle blocking-pool thread waits for more work before it ends.
@@ -138,6 +138,7 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger, events: &EventsConfig)
     // Only peers of the daemon's own user get a ttrpc connection, whatever the socket's mode.
     let accepted = SameUserListener::new(listener, log.clone());
     task.set_connections(accepted.connections());
+    let connections = accepted.connections();
     let mut server = ttrpc::r#async::Server::new()
         .add_listener(ttrpc::r#async::transport::Listener::new(accepted))
         .register_service(services(Service(task.clone())));
@@ -164,20 +165,17 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger, events: &EventsConfig)
     let _ = std::fs::remove_file(&socket);
     if by_shutdown {
         // The answer to the Shutdown, and to any request that came with it, may still sit in a
-        // connection's write queue. ttrpc's server shutdown ends each connection's reader, lets
-        // its handlers finish, and its writer then writes what they queued before it ends: the
-        // server waits for those writers. CRI-O never hangs up after its last Shutdown, so
-        // waiting for the engine to close is no signal; a writer stuck on a peer that stopped
-        // reading is bounded.
-        if tokio::time::timeout(REPLY_GRACE, server.shutdown()).await.is_err() {
-            info!(log, "replies not written within the grace; exiting anyway"; "waited_ms" => REPLY_GRACE.as_millis() as u64);
+        // connection's write queue: ttrpc's server shutdown waits for handlers, not for its
+        // writers, and the process ends right after. Engines hang up once they have their
+        // answers (containerd and CRI-O close the client after Shutdown), so wait for that,
+        // bounded, before closing anything.
+        if tokio::time::timeout(REPLY_GRACE, connections.none()).await.is_err() {
+            info!(log, "engine still connected after Shutdown; exiting anyway"; "waited_ms" => REPLY_GRACE.as_millis() as u64);
         }
     }
     flusher.flush(std::time::Duration::from_secs(3)).await;
     telemetry.flush(std::time::Duration::from_secs(1)).await;
-    if !by_shutdown {
-        let _ = server.shutdown().await;
-    }
+    let _ = server.shutdown().await;
     Ok(())
 }
 
