@@ -95,7 +95,6 @@ async fn a_daemon_serves_from_its_own_cgroup_and_takes_it_away_when_it_exits() {
     let log = std::fs::read_to_string(infra.dir.join("log")).unwrap();
     assert!(log.contains("daemon left the engine's cgroup"), "{log}");
     assert!(log.contains("daemon exiting"), "{log}");
-    assert!(!log.contains("anyway"),);
     drop(client);
     std::fs::remove_file(infra.dir.join("log")).unwrap();
     assert_clean(env, &ns);
