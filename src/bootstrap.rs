@@ -348,11 +348,17 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
     let record = RuntimeRecord::read(&bundle).map_err(BootstrapError::Record)?;
     let reaper = Reaper::default();
     reaper.start().map_err(io_err("signal handler", &bundle))?;
+    let config = Config::resolve(None).map(|(c, _)| c);
+    // Where a killed daemon lived (a bad config file leaves it to the default).
+    let placement = config
+        .as_ref()
+        .map(|c| c.shim.daemon_cgroup.clone())
+        .unwrap_or_default();
     let record = match record {
         Some(r) => r,
         None => {
             let path = spec_value(&bundle, "/linux/cgroupsPath").unwrap_or_default();
-            RuntimeRecord::from_config(&Config::resolve(None)?.0, &flags.namespace, &path)
+            RuntimeRecord::from_config(&config?, &flags.namespace, &path)
         }
     };
     let rt = OciRuntimes.for_record(&record, &bundle, reaper);
@@ -373,14 +379,12 @@ pub async fn delete(flags: &Flags) -> Result<DeleteResponse, BootstrapError> {
     let address = address
         .as_deref()
         .map(|a| a.trim().trim_start_matches("unix://").to_string());
-    if let Some(socket) = &address {
-        // A killed daemon's cgroupfs home (a systemd scope is collected by systemd).
-        let placement = Config::resolve(None)
-            .ok()
-            .and_then(|(c, _)| daemon_cgroup::Placement::parse(&c.shim.daemon_cgroup).ok());
-        if let Some(cgroup) = placement.and_then(|p| daemon_cgroup::cgroup_of_dead(&p, Path::new(socket), &flags.id)) {
-            daemon_cgroup::remove_cgroup(&cgroup);
-        }
+    // A killed daemon's cgroupfs home (a systemd scope is collected by systemd).
+    if let Some(cgroup) = address
+        .as_ref()
+        .and_then(|socket| daemon_cgroup::cgroup_of_dead(&placement, Path::new(socket), &flags.id))
+    {
+        daemon_cgroup::remove_cgroup(&cgroup);
     }
     for path in address.into_iter().chain(seccomp_listener(&bundle)) {
         let path = Path::new(&path);

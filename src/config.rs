@@ -37,7 +37,7 @@ pub struct ShimConfig {
     /// Where each daemon moves before it serves, out of the engine's service cgroup:
     /// `"auto"`, `"engine"` (stay), a `*.slice` or an absolute cgroupfs parent
     /// (see [`crate::daemon_cgroup`]).
-    pub daemon_cgroup: String,
+    pub daemon_cgroup: Placement,
 }
 
 /// Where daemons' sockets go when neither the config nor the engine names a directory.
@@ -60,7 +60,7 @@ impl Default for ShimConfig {
         Self {
             socket_dir: None,
             log_level: "info".into(),
-            daemon_cgroup: "auto".into(),
+            daemon_cgroup: Placement::Auto,
         }
     }
 }
@@ -94,6 +94,59 @@ impl Default for RuntimeConfig {
             sandbox_fast_path: true,
             cgroup_warmup: true,
         }
+    }
+}
+
+/// `[shim] daemon_cgroup`: where each daemon moves before it serves, out of the engine's
+/// cgroup (the why is `crate::daemon_cgroup`'s).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// A scope in `system.slice` under systemd, else the cgroupfs parent `/gantry`.
+    #[default]
+    Auto,
+    /// Stay in the engine's cgroup.
+    Engine,
+    /// A scope in this slice (systemd only).
+    Slice(String),
+    /// A cgroup under this cgroupfs parent.
+    Parent(PathBuf),
+}
+
+impl Placement {
+    pub fn parse(value: &str) -> Result<Placement, String> {
+        match value {
+            "auto" => Ok(Placement::Auto),
+            "engine" => Ok(Placement::Engine),
+            s if s.ends_with(".slice") && s.len() > ".slice".len() && unit_name_ok(s) => Ok(Placement::Slice(s.into())),
+            s if s.starts_with('/') && !s.split('/').any(|c| c == ".." || c == ".") && !s.contains(':') => {
+                Ok(Placement::Parent(PathBuf::from(s)))
+            }
+            s => Err(format!(
+                "{s:?} is not \"auto\", \"engine\", a NAME.slice or an absolute cgroup path"
+            )),
+        }
+    }
+}
+
+/// Characters systemd takes in a unit name.
+pub(crate) fn unit_name_ok(s: &str) -> bool {
+    s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:\\@".contains(&b))
+}
+
+impl Serialize for Placement {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Placement::Auto => s.serialize_str("auto"),
+            Placement::Engine => s.serialize_str("engine"),
+            Placement::Slice(slice) => s.serialize_str(slice),
+            Placement::Parent(path) => s.serialize_str(&path.to_string_lossy()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Placement {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Placement::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 
@@ -282,14 +335,6 @@ impl Config {
         if let Err((key, msg)) = self.security.validate() {
             return Err(Config::invalid(path, find(key), format!("security.{key}"), msg));
         }
-        if let Err(msg) = crate::daemon_cgroup::Placement::parse(&self.shim.daemon_cgroup) {
-            return Err(Config::invalid(
-                path,
-                find("daemon_cgroup"),
-                "shim.daemon_cgroup".into(),
-                msg,
-            ));
-        }
         if self.shim.socket_dir.as_ref().is_some_and(|d| !d.is_absolute()) {
             let msg = "must be an absolute path".to_string();
             return Err(Config::invalid(path, find("socket_dir"), "shim.socket_dir".into(), msg));
@@ -405,6 +450,32 @@ mod tests {
     }
 
     #[test]
+    fn placements_are_parsed_and_bad_ones_refused() {
+        assert_eq!(Placement::parse("auto"), Ok(Placement::Auto));
+        assert_eq!(Placement::parse("engine"), Ok(Placement::Engine));
+        assert_eq!(
+            Placement::parse("gantry.slice"),
+            Ok(Placement::Slice("gantry.slice".into()))
+        );
+        assert_eq!(
+            Placement::parse("/shims"),
+            Ok(Placement::Parent(PathBuf::from("/shims")))
+        );
+        for bad in [
+            "",
+            "pod",
+            ".slice",
+            "a/b.slice",
+            "shims",
+            "/a/../b",
+            "/a:b",
+            "x y.slice",
+        ] {
+            assert!(Placement::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
     fn errors_name_file_line_and_key() {
         let text = "[shim]\nsocket_dir = \"/run/x\"\n\n[runtime]\nsystemd_cgroup = \"yes\"\n";
         let e = Config::parse(Path::new("/etc/g.toml"), text).unwrap_err().to_string();
@@ -415,6 +486,9 @@ mod tests {
         let e = Config::parse(Path::new("f"), "[runtime]\nbinnary = \"crun\"\n").unwrap_err();
         let e = e.to_string();
         assert!(e.contains("line 2") && e.contains("binnary"), "{e}");
+
+        let e = Config::parse(Path::new("f"), "[shim]\ndaemon_cgroup = \"pod\"\n").unwrap_err();
+        assert!(e.to_string().contains("shim.daemon_cgroup"), "{e}");
 
         let e = Config::parse(Path::new("f"), "[shim]\nlog_level = \"loud\"\n").unwrap_err();
         assert!(e.to_string().contains("shim.log_level"), "{e}");

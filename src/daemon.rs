@@ -14,7 +14,7 @@ use thiserror::Error;
 use crate::args::Flags;
 use crate::bootstrap::{bundle_dir, LISTENER_FD, READY_FD};
 use crate::config::Config;
-use crate::daemon_cgroup::{self, Placement};
+use crate::daemon_cgroup;
 use crate::events::Publisher;
 use crate::logging;
 use crate::peer::SameUserListener;
@@ -64,9 +64,8 @@ pub fn serve(flags: &Flags, config: Config) -> Result<(), DaemonError> {
     let log = log.new(o!("shim_pid" => std::process::id()));
     logging::bridge_log_facade(&log);
     // Before it serves: from its first reply on, the engine's restart must not reach it.
-    let placement = Placement::parse(&config.shim.daemon_cgroup).unwrap_or(Placement::Auto);
     let home = daemon_cgroup::leave_engine(
-        &placement,
+        &config.shim.daemon_cgroup,
         &daemon_cgroup::name_for(Path::new(&flags.socket), &flags.id),
         &format!("gantry shim for pod {} (namespace {})", flags.id, flags.namespace),
         &log,

@@ -22,11 +22,12 @@
 //! wants it charged elsewhere names a slice.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use slog::{info, warn, Logger};
 
-use crate::sandbox::systemd::{request_scope, Scope};
+use crate::config::Placement;
+use crate::sandbox::systemd::{start_scope, Scope};
 
 /// How long the move may take before the daemon serves where it is (the engine's `start`
 /// waits 10 s for the daemon in all).
@@ -35,37 +36,9 @@ const MOVE_TIMEOUT: Duration = Duration::from_secs(3);
 /// The parent of every daemon's cgroup when systemd is not running (`"auto"`).
 const CGROUPFS_PARENT: &str = "/gantry";
 
-/// `[shim] daemon_cgroup`, parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placement {
-    /// A scope in `system.slice` under systemd, else [`CGROUPFS_PARENT`].
-    Auto,
-    /// Stay in the engine's cgroup.
-    Engine,
-    /// A scope in this slice (systemd only).
-    Slice(String),
-    /// A cgroup under this cgroupfs parent.
-    Parent(PathBuf),
-}
-
-impl Placement {
-    pub fn parse(value: &str) -> Result<Placement, String> {
-        match value {
-            "auto" => Ok(Placement::Auto),
-            "engine" => Ok(Placement::Engine),
-            s if s.ends_with(".slice") && s.len() > ".slice".len() && unit_name_ok(s) => Ok(Placement::Slice(s.into())),
-            s if s.starts_with('/') && !s.split('/').any(|c| c == ".." || c == ".") && !s.contains(':') => {
-                Ok(Placement::Parent(PathBuf::from(s)))
-            }
-            s => Err(format!(
-                "{s:?} is not \"auto\", \"engine\", a NAME.slice or an absolute cgroup path"
-            )),
-        }
-    }
-}
-
-fn unit_name_ok(s: &str) -> bool {
-    s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:\\@".contains(&b))
+/// systemd runs and answers on the system bus: then `"auto"` asks it for a scope.
+fn systemd_reachable() -> bool {
+    libcgroups::systemd::booted() && crate::dbus::system_bus().is_some()
 }
 
 /// Where the daemon went, and what its exit has to undo.
@@ -85,7 +58,7 @@ pub fn name_for(socket: &Path, id: &str) -> String {
     socket
         .file_name()
         .and_then(|n| n.to_str())
-        .filter(|n| !n.is_empty() && unit_name_ok(n))
+        .filter(|n| !n.is_empty() && crate::config::unit_name_ok(n))
         .unwrap_or(id)
         .to_string()
 }
@@ -94,7 +67,7 @@ pub fn name_for(socket: &Path, id: &str) -> String {
 /// the daemon serves where it is: a pod is better served from the engine's cgroup than not
 /// at all.
 pub fn leave_engine(placement: &Placement, name: &str, description: &str, log: &Logger) -> Home {
-    let systemd = libcgroups::systemd::booted() && crate::dbus::system_bus().is_some();
+    let systemd = systemd_reachable();
     let moved = match placement {
         Placement::Engine => return Home::Engine,
         Placement::Auto if systemd => into_scope("system.slice", name, description),
@@ -117,28 +90,16 @@ pub fn leave_engine(placement: &Placement, name: &str, description: &str, log: &
 
 fn into_scope(slice: &str, name: &str, description: &str) -> Result<Home, String> {
     let unit = format!("gantry-shim-{name}.scope");
-    let pid = std::process::id();
-    let until = Instant::now() + MOVE_TIMEOUT;
     let scope = Scope {
         unit: &unit,
         description,
         slice,
-        pid,
+        pid: std::process::id(),
         extra: &[],
     };
-    request_scope(&scope, until).map_err(|e| e.to_string())?;
-    // systemd answers before it has moved the pid; the daemon serves once it is out.
-    let suffix = format!("/{unit}");
-    loop {
-        let text = crate::proc::cgroup_text(pid as i32).map_err(|e| e.to_string())?;
-        if text.lines().any(|l| l.ends_with(&suffix)) {
-            return Ok(Home::Scope(unit));
-        }
-        if Instant::now() > until {
-            return Err(format!("systemd did not move the daemon into {unit}"));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    // Returns once the kernel shows the daemon in the scope: it serves only from there.
+    start_scope(&scope, MOVE_TIMEOUT).map_err(|e| e.to_string())?;
+    Ok(Home::Scope(unit))
 }
 
 /// Every cgroup hierarchy this process sees: v1 controllers and named ones, and the unified.
@@ -205,7 +166,7 @@ pub fn remove_cgroup(relative: &Path) {
 /// The cgroupfs home a daemon of this socket would have had under `placement` (for
 /// `delete`, after the daemon died): none under systemd, which collects its scope itself.
 pub fn cgroup_of_dead(placement: &Placement, socket: &Path, id: &str) -> Option<PathBuf> {
-    if libcgroups::systemd::booted() {
+    if systemd_reachable() {
         return None;
     }
     let parent = match placement {
@@ -220,32 +181,6 @@ pub fn cgroup_of_dead(placement: &Placement, socket: &Path, id: &str) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn placements_are_parsed_and_bad_ones_refused() {
-        assert_eq!(Placement::parse("auto"), Ok(Placement::Auto));
-        assert_eq!(Placement::parse("engine"), Ok(Placement::Engine));
-        assert_eq!(
-            Placement::parse("gantry.slice"),
-            Ok(Placement::Slice("gantry.slice".into()))
-        );
-        assert_eq!(
-            Placement::parse("/shims"),
-            Ok(Placement::Parent(PathBuf::from("/shims")))
-        );
-        for bad in [
-            "",
-            "pod",
-            ".slice",
-            "a/b.slice",
-            "shims",
-            "/a/../b",
-            "/a:b",
-            "x y.slice",
-        ] {
-            assert!(Placement::parse(bad).is_err(), "{bad:?} accepted");
-        }
-    }
 
     #[test]
     fn a_daemon_is_named_after_its_socket() {

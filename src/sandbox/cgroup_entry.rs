@@ -41,7 +41,14 @@ pub fn join_self(
     // driver has it do; the child inherits it.
     if let Some(unit) = cgroup::systemd_unit(path).filter(|_| single_threaded()) {
         let slice = path.to_str().and_then(|p| p.split(':').next()).unwrap_or_default();
-        let dir = super::systemd::start_scope(&unit, slice, pid as u32, unit_properties, SCOPE_TIMEOUT)?;
+        let scope = super::systemd::Scope {
+            unit: &unit.scope,
+            description: &format!("libcontainer container {}", unit.name),
+            slice,
+            pid: pid as u32,
+            extra: unit_properties,
+        };
+        let dir = super::systemd::start_scope(&scope, SCOPE_TIMEOUT)?;
         cgroup::limit_scope(path, &dir, resources)?;
         return Ok(Entry::Inherited);
     }

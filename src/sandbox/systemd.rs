@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::cgroup::{self, err, CgroupError, SystemdUnit};
+use super::cgroup::{self, err, CgroupError};
 use crate::dbus::{Call, Connection, Writer};
 
 /// A unit property given as an `org.systemd.property.<Name>` annotation, in the GVariant text
@@ -85,28 +85,17 @@ pub fn annotation_properties<'a>(
 
 pub use crate::dbus::system_bus;
 
-/// Starts `unit`'s scope in `slice` with `pid` in it and waits until the pid is there; returns
+/// Starts `scope` with its pid in it and waits until the kernel shows the pid there; returns
 /// the scope's cgroup2 directory.
-pub fn start_scope(
-    unit: &SystemdUnit,
-    slice: &str,
-    pid: u32,
-    extra: &[(String, Property)],
-    timeout: Duration,
-) -> Result<PathBuf, CgroupError> {
+pub fn start_scope(scope: &Scope<'_>, timeout: Duration) -> Result<PathBuf, CgroupError> {
     let until = Instant::now() + timeout;
-    let scope = Scope {
-        unit: &unit.scope,
-        description: &format!("libcontainer container {}", unit.name),
-        slice,
-        pid,
-        extra,
-    };
-    request_scope(&scope, until)?;
-    wait_in_scope(pid, &unit.scope, until).map_err(|why| err(Path::new(&format!("/proc/{pid}/cgroup")), why))
+    request_scope(scope, until)?;
+    let pid = scope.pid;
+    wait_in_scope(pid, scope.unit, until).map_err(|why| err(Path::new(&format!("/proc/{pid}/cgroup")), why))
 }
 
-/// A transient scope to start: runc's properties for a container scope, plus `extra`.
+/// A transient scope to start: runc's properties for a container scope, plus `extra`. The
+/// pod's daemon asks for one of its own too (`crate::daemon_cgroup`).
 pub struct Scope<'a> {
     /// `name.scope`.
     pub unit: &'a str,
@@ -118,8 +107,8 @@ pub struct Scope<'a> {
 }
 
 /// `StartTransientUnit` for `scope`, answered by `until`; systemd moves the pid in after it
-/// answers (the caller waits for that as it needs).
-pub fn request_scope(scope: &Scope<'_>, until: Instant) -> Result<(), CgroupError> {
+/// answers.
+fn request_scope(scope: &Scope<'_>, until: Instant) -> Result<(), CgroupError> {
     let bus = system_bus().ok_or_else(|| err(Path::new("/run/dbus/system_bus_socket"), "no system D-Bus socket"))?;
     let mut conn = Connection::open(&bus, until).map_err(|why| err(&bus, why))?;
     let start = Call::manager("StartTransientUnit", "ssa(sv)a(sa(sv))");
@@ -195,6 +184,7 @@ fn wait_in_scope(pid: u32, scope: &str, until: Instant) -> Result<PathBuf, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::cgroup::SystemdUnit;
 
     fn unit() -> SystemdUnit {
         SystemdUnit {
