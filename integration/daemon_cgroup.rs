@@ -1,6 +1,7 @@
 //! Where a pod's daemon lives: out of the engine's cgroup before it serves (a cgroupfs cgroup
 //! of its own on a host without systemd, a transient scope in `system.slice` under systemd),
-//! gone when the daemon is. The restart of an engine's unit around such a daemon is
+//! gone when the daemon is; and a daemon emptied by Shutdown exits once its engine falls
+//! quiet, though CRI-O never hangs up. The restart of an engine's unit around such a daemon is
 //! `node::stopping_the_engines_unit_leaves_its_pods_daemons_serving`.
 
 use std::path::Path;
@@ -95,6 +96,10 @@ async fn a_daemon_serves_from_its_own_cgroup_and_takes_it_away_when_it_exits() {
     let log = std::fs::read_to_string(infra.dir.join("log")).unwrap();
     assert!(log.contains("daemon left the engine's cgroup"), "{log}");
     assert!(log.contains("daemon exiting"), "{log}");
+    assert!(
+        !log.contains("anyway"),
+        "the daemon waited out its grace for the engine:\n{log}"
+    );
     drop(client);
     std::fs::remove_file(infra.dir.join("log")).unwrap();
     assert_clean(env, &ns);

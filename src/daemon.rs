@@ -22,9 +22,11 @@ use crate::reaper::{self, Reaper};
 use crate::service::{services, Service, TaskService};
 use crate::telemetry::{EventsConfig, Telemetry};
 
-/// How long a daemon emptied by Shutdown waits for the engine to hang up (so that every reply
-/// queued for it is written) before it exits anyway.
+/// How long a daemon emptied by Shutdown waits for the engine to hang up or fall quiet (so
+/// that every request sent with the Shutdown is answered) before it exits anyway.
 const REPLY_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+/// No byte from any engine for this long after the last Shutdown: nothing more is coming.
+const QUIET_AFTER_SHUTDOWN: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How long an idle blocking-pool thread waits for more work before it ends.
 pub const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(500);
@@ -163,13 +165,19 @@ async fn run(flags: &Flags, socket: PathBuf, log: Logger, events: &EventsConfig)
     // No new `start` may find this daemon from here on: it hands out a fresh one instead.
     let _ = std::fs::remove_file(&socket);
     if by_shutdown {
-        // The answer to the Shutdown, and to any request that came with it, may still sit in a
-        // connection's write queue: ttrpc's server shutdown waits for handlers, not for its
-        // writers, and the process ends right after. Engines hang up once they have their
-        // answers (containerd and CRI-O close the client after Shutdown), so wait for that,
-        // bounded, before closing anything.
-        if tokio::time::timeout(REPLY_GRACE, connections.none()).await.is_err() {
-            info!(log, "engine still connected after Shutdown; exiting anyway"; "waited_ms" => REPLY_GRACE.as_millis() as u64);
+        // Requests sent together with the Shutdown may still be on their way, and replies in a
+        // connection's write queue. containerd hangs up once it has its answers; CRI-O never
+        // does after its last Shutdown, so a connection quiet for QUIET_AFTER_SHUTDOWN counts
+        // as done too. ttrpc's server shutdown below then lets the handlers finish and waits
+        // for its writers to write what they queued.
+        let settled = async {
+            tokio::select! {
+                () = connections.none() => {}
+                () = connections.quiet_for(QUIET_AFTER_SHUTDOWN) => {}
+            }
+        };
+        if tokio::time::timeout(REPLY_GRACE, settled).await.is_err() {
+            info!(log, "engine still sending after Shutdown; exiting anyway"; "waited_ms" => REPLY_GRACE.as_millis() as u64);
         }
     }
     flusher.flush(std::time::Duration::from_secs(3)).await;

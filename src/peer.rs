@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -99,6 +99,8 @@ struct Gauge {
     peak: AtomicUsize,
     /// Woken whenever a connection ends.
     closed: tokio::sync::Notify,
+    /// Reads that brought bytes, on any connection: a request arriving moves it.
+    reads: AtomicU64,
 }
 
 /// The daemon's live connections, as the service sees them: whether any engine is still
@@ -121,6 +123,24 @@ impl Connections {
                 return;
             }
             closed.await;
+        }
+    }
+
+    /// Returns once no byte has arrived on any connection for a whole `span` (or none is
+    /// open). Why: after the last Shutdown an engine may keep its connection open (CRI-O
+    /// never closes it), so a hang-up is no signal; requests it sent together with the
+    /// Shutdown arrive within moments of it, and closing a connection with a request unread
+    /// resets it, the reply lost.
+    pub async fn quiet_for(&self, span: std::time::Duration) {
+        loop {
+            let before = self.0.reads.load(Ordering::SeqCst);
+            if self.live() == 0 {
+                return;
+            }
+            tokio::time::sleep(span).await;
+            if self.0.reads.load(Ordering::SeqCst) == before {
+                return;
+            }
         }
     }
 }
@@ -228,7 +248,13 @@ impl Drop for Connection {
 
 impl AsyncRead for Connection {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+        let this = self.get_mut();
+        let filled = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if buf.filled().len() > filled {
+            this.gauge.reads.fetch_add(1, Ordering::SeqCst);
+        }
+        polled
     }
 }
 
@@ -276,6 +302,29 @@ mod tests {
             note_runtime(-100 - i);
         }
         assert!(!started_by_runtime(-7), "the oldest one was forgotten");
+    }
+
+    /// Quiet means a whole span with no byte read: a read inside the span starts it over.
+    #[tokio::test(start_paused = true)]
+    async fn quiet_waits_a_whole_span_without_reads() {
+        let span = std::time::Duration::from_millis(100);
+        let gauge = Arc::new(Gauge::default());
+        let connections = Connections(gauge.clone());
+        assert!(gauge.open());
+        let started = tokio::time::Instant::now();
+        let quiet = tokio::spawn({
+            let c = connections.clone();
+            async move { c.quiet_for(span).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        gauge.reads.fetch_add(1, Ordering::SeqCst);
+        quiet.await.unwrap();
+        assert_eq!(started.elapsed(), std::time::Duration::from_millis(200));
+        // No connection: nothing to wait for.
+        gauge.close();
+        let started = tokio::time::Instant::now();
+        connections.quiet_for(span).await;
+        assert_eq!(started.elapsed(), std::time::Duration::ZERO);
     }
 
     #[test]
