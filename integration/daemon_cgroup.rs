@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::common::cri::cgroup_dirs;
 use crate::common::task::task;
 use crate::common::{
     assert_clean, crio_bundle, crio_create_req, crio_remove, crio_start, ctx, daemon_pid, env, open_fifo_reader, run,
@@ -29,20 +30,6 @@ fn home_suffix(socket: &str) -> String {
     } else {
         format!("/gantry/{hash}")
     }
-}
-
-/// Every hierarchy directory (v1 and v2 mounts) that holds `relative`.
-fn home_dirs(relative: &str) -> Vec<String> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
-    mounts
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() > 2 && (f[2] == "cgroup" || f[2] == "cgroup2")).then(|| f[1].to_string())
-        })
-        .map(|m| format!("{m}{relative}"))
-        .filter(|d| Path::new(d).is_dir())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,7 +62,7 @@ async fn a_daemon_serves_from_its_own_cgroup_and_takes_it_away_when_it_exits() {
         assert!(path.ends_with(&suffix), "hierarchy {hierarchy}: {path}, want …{suffix}");
     }
     let relative = its[0].1.clone();
-    assert!(!home_dirs(&relative).is_empty(), "no directory for {relative}");
+    assert!(!cgroup_dirs(&relative).is_empty(), "no directory for {relative}");
 
     // It serves from there: a container runs, exits and is removed.
     let client = task_client(&address).await;
@@ -91,8 +78,8 @@ async fn a_daemon_serves_from_its_own_cgroup_and_takes_it_away_when_it_exits() {
         !Path::new(&format!("/proc/{daemon}")).exists()
     });
     assert!(gone, "daemon {daemon} still running after the last Shutdown");
-    let left = wait_until(Duration::from_secs(10), || home_dirs(&relative).is_empty());
-    assert!(left, "the daemon's cgroup outlived it: {:?}", home_dirs(&relative));
+    let left = wait_until(Duration::from_secs(10), || cgroup_dirs(&relative).is_empty());
+    assert!(left, "the daemon's cgroup outlived it: {:?}", cgroup_dirs(&relative));
     let log = std::fs::read_to_string(infra.dir.join("log")).unwrap();
     assert!(log.contains("daemon left the engine's cgroup"), "{log}");
     assert!(log.contains("daemon exiting"), "{log}");
@@ -134,8 +121,8 @@ async fn a_killed_daemons_cgroup_is_removed_by_delete() {
         .arg("delete")
         .env("GANTRY_CONFIG", &ns.config));
     assert!(o.status.success(), "{}", text(&o));
-    let left = wait_until(Duration::from_secs(10), || home_dirs(&relative).is_empty());
-    assert!(left, "the killed daemon's cgroup is left: {:?}", home_dirs(&relative));
+    let left = wait_until(Duration::from_secs(10), || cgroup_dirs(&relative).is_empty());
+    assert!(left, "the killed daemon's cgroup is left: {:?}", cgroup_dirs(&relative));
     assert_clean(env, &ns);
 }
 

@@ -40,7 +40,16 @@ pub(crate) fn gpu_host(name: &str) -> GpuHost {
     GpuHost { ns, marker, cdi_dir }
 }
 
-/// `ls -l`-style lines of /dev/nvidia* inside a container, and its devices cgroup allow list.
+/// Opens a node of each (major, minor) made inside the container: with no driver behind a fake
+/// node, the kernel answers ENXIO ("No such device or address") when the container's device
+/// cgroup lets it through and EPERM ("not permitted") when it does not, on v1's devices files
+/// and v2's eBPF filter alike.
+const PROBE: &str = "for d in 195:0 195:1 195:255 235:0; do mknod /tmp/probe c ${d%:*} ${d#*:}; \
+    echo \"access $d $(cat /tmp/probe 2>&1 | grep -o 'not permitted\\|No such device or address')\"; \
+    rm -f /tmp/probe; done";
+
+/// `ls -l`-style lines of /dev/nvidia* inside a container, and what its device cgroup lets it
+/// open ([`PROBE`]).
 fn run_and_inspect(host: &GpuHost, id: &str, extra: &[&str]) -> (String, String) {
     let env = env();
     let o = env.ctr_run_detached(&host.ns, id, extra, &["sleep", "1000"]);
@@ -68,9 +77,14 @@ fn run_and_inspect(host: &GpuHost, id: &str, extra: &[&str]) -> (String, String)
         .unwrap_or("")
         .to_string();
     inside.push_str(&format!("\ninjected: {injected}\n"));
-    let list = std::fs::read_to_string(format!("/sys/fs/cgroup/devices/{}/{id}/devices.list", host.ns.name)).unwrap();
+    let o = env.ctr(
+        &host.ns.name,
+        &["task", "exec", "--exec-id", "probe", id, "sh", "-c", PROBE],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let access = String::from_utf8_lossy(&o.stdout).into_owned();
     env.kill_and_remove(&host.ns.name, id);
-    (inside, list)
+    (inside, access)
 }
 
 /// The (major, minor) of a `/dev/NAME` line in `ls -l /dev` output, e.g. "crw-rw-rw- 1 root root 195, 0 ... nvidia0".
@@ -85,8 +99,15 @@ fn node(ls: &str, name: &str) -> Option<(u32, u32)> {
         })
 }
 
-fn allows(list: &str, major: u32, minor: u32) -> bool {
-    list.lines().any(|l| l == format!("c {major}:{minor} rwm"))
+fn allows(access: &str, major: u32, minor: u32) -> bool {
+    let line = |what: &str| format!("access {major}:{minor} {what}");
+    assert!(
+        access
+            .lines()
+            .any(|l| l == line("No such device or address") || l == line("not permitted")),
+        "no probe of {major}:{minor}: {access}"
+    );
+    access.lines().any(|l| l == line("No such device or address"))
 }
 
 fn assert_only_gpu(inside: &str, list: &str, want: u32, not: u32) {

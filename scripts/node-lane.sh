@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 # (stdio forms, event order, cancellation, shutdown, the fifty-container leak check) read
 # nothing of the host's shape and run in the host suite only: under TCG they took two thirds
 # of the lane's time.
-FILTERS=(node:: node_fleet:: daemon_cgroup:: stats_oom::oom stats_oom::crio_oom security:: cri:: sandbox::
+FILTERS=(node:: node_fleet:: daemon_cgroup:: gpu:: task_api::pause_and_resume stats_oom::oom stats_oom::crio_oom security:: cri:: sandbox::
          containerd::a_notify_socket containerd::crun_selected_by_config
          containerd::killed_daemon_is_cleaned_up_through_delete
          crio::crio_lifecycle_grouping_and_shutdown

@@ -576,6 +576,32 @@ pub fn cgroup_dir(pid: u32, controller: &str) -> PathBuf {
     panic!("no {controller} cgroup for {pid} in:\n{cg}");
 }
 
+/// Whether the freezer holds `pid`'s cgroup: v1 `freezer.state` FROZEN, v2 `cgroup.events`
+/// `frozen 1`.
+pub fn frozen(pid: u32) -> bool {
+    if cgroup_v2() {
+        let events = std::fs::read_to_string(cgroup_dir(pid, "").join("cgroup.events")).unwrap();
+        return events.lines().any(|l| l == "frozen 1");
+    }
+    let state = std::fs::read_to_string(cgroup_dir(pid, "freezer").join("freezer.state")).unwrap();
+    state.trim() == "FROZEN"
+}
+
+/// Every directory named `relative` (`/ns/id`) under a cgroup mount this process sees, v1
+/// hierarchies and the unified one alike: where a cgroup would be left behind.
+pub fn cgroup_dirs(relative: &str) -> Vec<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 2 && (f[2] == "cgroup" || f[2] == "cgroup2"))
+                .then(|| Path::new(f[1]).join(relative.trim_start_matches('/')))
+        })
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
 /// Reads a cgroup file as a number.
 pub fn cgroup_u64(dir: &Path, file: &str) -> u64 {
     let p = dir.join(file);
