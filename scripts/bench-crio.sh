@@ -18,8 +18,8 @@
 # and cri-tools' release tags, say); conmon, runc, skopeo and the CNI loopback plugin come from
 # Debian's packages (installed when missing). CRI-O runs privately: its own config, storage
 # under a temporary directory, socket, state and CNI config (one loopback network), the
-# cgroupfs driver (or, with `--cgroup-manager systemd`, CRI-O's default systemd driver, gantry's
-# `systemd_cgroup = true`, and kubelet's pod slices), pods with a kubelet-style cgroup parent. Each pod is `crictl runp`, one
+# cgroupfs driver (or, with `--cgroup-manager systemd`, CRI-O's default systemd driver, which
+# gantry follows from the cgroupsPath, and kubelet's pod slices), pods with a kubelet-style cgroup parent. Each pod is `crictl runp`, one
 # busybox container `create` and `start` (pid namespace per container, as kubelet asks), timed
 # by wall clock around crictl; `runp (CRI-O)` is the same step from CRI-O's own log (RunPodSandbox
 # received to answered), without crictl's process start. Prints p50s and the ratio gantry/default.
@@ -136,7 +136,7 @@ trap cleanup EXIT
 mkdir -p "$work/cni" "$work/logs" "$run"
 echo '{"default":[{"type":"insecureAcceptAnything"}]}' >"$work/policy.json"
 echo '{"cniVersion":"0.4.0","name":"lo-only","plugins":[{"type":"loopback"}]}' >"$work/cni/10-lo.conflist"
-if [ "$cgm" = systemd ]; then printf '[runtime]\nsystemd_cgroup = true\n' >"$work/gantry.toml"; else : >"$work/gantry.toml"; fi
+: >"$work/gantry.toml" # the shipped defaults: the driver follows each cgroupsPath
 [ -z "$extra_config" ] || cat "$extra_config" >>"$work/gantry.toml"
 cat >"$work/crio.conf" <<CONF
 [crio]
