@@ -188,11 +188,11 @@ pub fn decide(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A securityfs/sysfs fixture: AppArmor on, `loaded` listed as loaded profiles.
-    fn fixture(enabled: bool, loaded: &[&str]) -> tempfile::TempDir {
+    pub(crate) fn fixture(enabled: bool, loaded: &[&str]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("sec/apparmor")).unwrap();
         let params = dir.path().join("sys/module/apparmor/parameters");
@@ -203,7 +203,7 @@ mod tests {
         dir
     }
 
-    fn host(dir: &tempfile::TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+    pub(crate) fn host(dir: &tempfile::TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
         (dir.path().join("sec"), dir.path().join("sys"))
     }
 

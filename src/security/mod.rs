@@ -98,6 +98,20 @@ pub struct SecurityConfig {
     pub seccomp_recording_dir: PathBuf,
 }
 
+impl SecurityConfig {
+    /// No policy asked for: the spec goes to the runtime as the engine wrote it. Where the
+    /// host's AppArmor files are looked for is not policy, so it does not count.
+    pub fn is_passthrough(&self) -> bool {
+        let defaults = Self::default();
+        let policy = Self {
+            apparmor_securityfs: defaults.apparmor_securityfs.clone(),
+            apparmor_sysfs: defaults.apparmor_sysfs.clone(),
+            ..self.clone()
+        };
+        policy == defaults
+    }
+}
+
 impl Default for SecurityConfig {
     fn default() -> Self {
         Self {
@@ -367,7 +381,7 @@ pub fn apply(doc: &mut Value, cfg: &SecurityConfig) -> Result<Report, SecurityEr
         sysfs: &cfg.apparmor_sysfs,
     };
     apparmor::check_named(named, &host)?;
-    if *cfg == SecurityConfig::default() {
+    if cfg.is_passthrough() {
         return Ok(report);
     }
     let privileged = devices::is_privileged(&caps::bounding(doc));

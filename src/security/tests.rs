@@ -73,12 +73,23 @@ fn seccomp_decision_table() {
 
 #[test]
 fn defaults_change_nothing() {
-    let mut doc = spec(&["CAP_CHOWN", "CAP_NET_RAW"]);
-    doc["process"]["apparmorProfile"] = "p".into();
-    let before = doc.clone();
-    let report = apply(&mut doc, &SecurityConfig::default()).unwrap();
-    assert!(!report.changed && report.decisions.is_empty());
-    assert_eq!(doc, before);
+    // On a host without AppArmor and on one where the engine's profile is loaded alike (the
+    // host's own securityfs is not read: it is whatever machine runs the test).
+    for (enabled, loaded) in [(false, &[][..]), (true, &["p"][..])] {
+        let dir = apparmor::tests::fixture(enabled, loaded);
+        let (securityfs, sysfs) = apparmor::tests::host(&dir);
+        let cfg = SecurityConfig {
+            apparmor_securityfs: securityfs,
+            apparmor_sysfs: sysfs,
+            ..Default::default()
+        };
+        let mut doc = spec(&["CAP_CHOWN", "CAP_NET_RAW"]);
+        doc["process"]["apparmorProfile"] = "p".into();
+        let before = doc.clone();
+        let report = apply(&mut doc, &cfg).unwrap();
+        assert!(!report.changed && report.decisions.is_empty(), "AppArmor {enabled}");
+        assert_eq!(doc, before);
+    }
 }
 
 #[test]
