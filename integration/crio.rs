@@ -178,6 +178,45 @@ async fn a_running_pods_daemon_settles_and_serves_on() {
     assert_clean(env, &ns);
 }
 
+/// CRI-O asks -998 for every infra container. With `restrict_oom_score_adj` gantry raises it
+/// to the daemon's own value, as containerd's CRI does with that key, so the pod runs where
+/// the runtime may not lower it; the daemon says so in its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restrict_oom_score_adj_raises_the_infra_to_the_daemons_own() {
+    let env = env();
+    let ns = env.namespace_with("crio-oomadj", "[runtime]\nrestrict_oom_score_adj = true\n");
+    let infra = crio_bundle(&ns, "pod1", "pod1", &["sleep", "1000"], |s| {
+        s["process"]["oomScoreAdj"] = (-998).into();
+    });
+    // A plain file where CRI-O passes a FIFO: the daemon's log lines land in it.
+    std::fs::write(infra.dir.join("log"), b"").unwrap();
+    let o = crio_start(&ns, &infra.dir, "pod1", b"");
+    assert!(o.status.success(), "{}", text(&o));
+    let own = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", daemon_pid(&infra.dir))).unwrap();
+    assert!(own.trim().parse::<i32>().unwrap() > -998, "daemon's own {own}");
+    let client = task_client(&String::from_utf8(o.stdout).unwrap()).await;
+    let _out = open_fifo_reader(&infra.stdout);
+    let created = client
+        .create(ctx(), &crate::common::crio_create_req(&infra))
+        .await
+        .unwrap();
+    let adj = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", created.pid)).unwrap();
+    assert_eq!(adj.trim(), own.trim());
+    let config = std::fs::read_to_string(infra.dir.join("config.json")).unwrap();
+    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(config["process"]["oomScoreAdj"].to_string(), own.trim());
+    let log = std::fs::read_to_string(infra.dir.join("log")).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("restrict_oom_score_adj") && l.contains("-998") && l.contains("pod1")),
+        "{log}"
+    );
+    task(&client, "pod1").kill(9).await.unwrap();
+    assert_eq!(crio_remove(&client, "pod1").await.exit_status, 137);
+    std::fs::remove_file(infra.dir.join("log")).unwrap();
+    assert_clean(env, &ns);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_accepts_every_stdin_form() {
     use protobuf::Message;

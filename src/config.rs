@@ -82,6 +82,10 @@ pub struct RuntimeConfig {
     /// Keep the kernel's cgroup migration lock writer-fast while a runtime joins cgroups
     /// (see [`crate::cgroups::warm`]).
     pub cgroup_warmup: bool,
+    /// Raise an `oomScoreAdj` below the daemon's own to the daemon's, as containerd's CRI
+    /// does with the same key: hosts that may not lower it (no CAP_SYS_RESOURCE: rootless,
+    /// nested) otherwise fail CRI-O's infra containers, which ask for -998.
+    pub restrict_oom_score_adj: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -93,6 +97,7 @@ impl Default for RuntimeConfig {
             timeouts: RuntimeTimeouts::default(),
             sandbox_fast_path: true,
             cgroup_warmup: true,
+            restrict_oom_score_adj: false,
         }
     }
 }

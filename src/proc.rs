@@ -230,6 +230,17 @@ pub fn is_running(pid: i32) -> bool {
     Stat::of(&pid.to_string()).is_ok_and(|s| s.state() != Some("Z"))
 }
 
+/// This process's `oom_score_adj`: the floor `[runtime] restrict_oom_score_adj` holds
+/// containers to. Read once; the daemon never changes its own.
+pub fn own_oom_score_adj() -> Option<i32> {
+    static OWN: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+    *OWN.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/oom_score_adj")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    })
+}
+
 /// The number of threads of this process (`Threads:` in `/proc/self/status`).
 pub fn own_threads() -> Option<usize> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

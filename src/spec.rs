@@ -108,6 +108,8 @@ struct ViewProcess {
     env: Option<Vec<String>>,
     #[serde(default)]
     capabilities: Option<ViewCapabilities>,
+    #[serde(default, rename = "oomScoreAdj")]
+    oom_score_adj: Option<i32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -368,12 +370,22 @@ pub struct Edits {
     pub security: security::Report,
     /// The calls the daemon must serve notifications for, at the `listener` [`edit`] was given.
     pub notify: Option<security::notify::Watch>,
+    /// `oomScoreAdj` raised from the first value to the second (`restrict_oom_score_adj`).
+    pub oom_score_adj: Option<(i32, i32)>,
 }
 
 impl Edits {
     pub fn changed(&self) -> bool {
-        !self.devices.devices.is_empty() || self.security.changed
+        !self.devices.devices.is_empty() || self.security.changed || self.oom_score_adj.is_some()
     }
+}
+
+/// `restrict_oom_score_adj`: the container's `oomScoreAdj` and the floor it is raised to,
+/// when it asks for less than `floor` (the daemon's own value).
+fn oom_clamp(view: &View, restrict: bool, floor: Option<i32>) -> Option<(i32, i32)> {
+    let asked = view.process.as_ref()?.oom_score_adj?;
+    let floor = floor.filter(|_| restrict)?;
+    (asked < floor).then_some((asked, floor))
 }
 
 /// Runs every spec edit in order: devices on the typed spec, then the security policy on the
@@ -382,6 +394,11 @@ impl Edits {
 /// judged by the security policy all the same.
 pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config, listener: &Path) -> Result<Edits, SpecError> {
     let devices = edit_devices(bundle, loaded, config)?;
+    let oom_score_adj = oom_clamp(
+        &loaded.view,
+        config.runtime.restrict_oom_score_adj,
+        crate::proc::own_oom_score_adj(),
+    );
     // Without a policy only the engine's profiles need a look (seccomp validation, AppArmor
     // loaded), and a recording request its refusal; skip the JSON then.
     let has_profile = match &loaded.spec {
@@ -395,11 +412,12 @@ pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config, listener: &Path
         }
         Err(_) => true,
     };
-    if !has_profile && config.security == security::SecurityConfig::default() {
+    if !has_profile && oom_score_adj.is_none() && config.security.is_passthrough() {
         return Ok(Edits {
             devices,
             security: security::Report::default(),
             notify: None,
+            oom_score_adj,
         });
     }
     let mut doc = if devices.devices.is_empty() {
@@ -412,12 +430,16 @@ pub fn edit(bundle: &Path, loaded: &mut Loaded, config: &Config, listener: &Path
     };
     let mut security = security::apply(&mut doc, &config.security)?;
     let notify = security::watch_syscalls(&mut doc, &config.security, listener, &mut security)?;
+    if let (Some((_, floor)), Some(process)) = (oom_score_adj, doc.get_mut("process")) {
+        process["oomScoreAdj"] = floor.into();
+    }
     // Kept even when unchanged: whoever reads the edited spec next need not parse it again.
     loaded.doc = Some(doc);
     Ok(Edits {
         devices,
         security,
         notify,
+        oom_score_adj,
     })
 }
 
@@ -708,5 +730,32 @@ mod tests {
         assert_eq!(view.root_path(Path::new("/b")), PathBuf::from("/b/rootfs"));
         let view: View = serde_json::from_str(r#"{"root":{"path":"/abs/root"}}"#).unwrap();
         assert_eq!(view.root_path(Path::new("/b")), PathBuf::from("/abs/root"));
+    }
+
+    #[test]
+    fn restrict_oom_score_adj_raises_only_what_is_below_the_floor() {
+        let view =
+            |adj: &str| -> View { serde_json::from_str(&format!(r#"{{"process":{{"oomScoreAdj":{adj}}}}}"#)).unwrap() };
+        assert_eq!(oom_clamp(&view("-998"), true, Some(-500)), Some((-998, -500)));
+        assert_eq!(oom_clamp(&view("-500"), true, Some(-500)), None);
+        assert_eq!(oom_clamp(&view("100"), true, Some(0)), None);
+        assert_eq!(oom_clamp(&view("-998"), false, Some(0)), None, "off by default");
+        assert_eq!(oom_clamp(&view("-998"), true, None), None, "own value unreadable");
+        assert_eq!(oom_clamp(&View::default(), true, Some(0)), None, "none asked");
+
+        // Through the whole edit: the written document carries the daemon's own value.
+        // (A test process is never at -1000 itself: no service manager or login gives that.)
+        let own = crate::proc::own_oom_score_adj().unwrap();
+        let mut spec = newer_spec(serde_json::json!({"k": "v"}));
+        spec["process"]["oomScoreAdj"] = (-1000).into();
+        let (dir, loaded) = load_value(&spec);
+        let mut config = Config::default();
+        config.runtime.restrict_oom_score_adj = true;
+        let edited = edit_for_create(dir.path(), loaded.unwrap(), &config, Path::new("/run/no-listener")).unwrap();
+        assert_eq!(edited.edits.oom_score_adj, Some((-1000, own)));
+        let written: Value = serde_json::from_slice(edited.write.as_deref().unwrap()).unwrap();
+        assert_eq!(written["process"]["oomScoreAdj"], own);
+        // Unmodelled values around it survive.
+        assert_eq!(written["process"]["capabilities"], spec["process"]["capabilities"]);
     }
 }

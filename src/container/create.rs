@@ -249,6 +249,9 @@ async fn prepare_bundle(
         warn!(log, "device injection"; "warning" => w);
     }
     crate::security::log(log, &edits.security);
+    if let Some((asked, floor)) = edits.oom_score_adj {
+        info!(log, "oomScoreAdj raised to the daemon's own (restrict_oom_score_adj)"; "asked" => asked, "set" => floor);
+    }
     let notify = crate::security::notify::NOTIFY_ANNOTATION;
     if let Some((_, v)) = edits
         .security
