@@ -33,6 +33,10 @@ fn run() -> Result<()> {
     if argv.first().map(String::as_str) == Some(gantry::mount::HELPER_ARG) {
         std::process::exit(gantry::mount::helper_main());
     }
+    // The user namespace an idmapped rootfs mount is made in (see gantry::mount::idmap).
+    if argv.first().map(String::as_str) == Some(gantry::mount::idmap::HOLDER_ARG) {
+        std::process::exit(gantry::mount::idmap::holder_main());
+    }
     // The node exporter has flags of its own (`--listen`), not the shim's Go-style set.
     if argv.first().map(String::as_str) == Some("metrics") {
         return Ok(gantry::telemetry::exporter::run(&argv[1..])?);

@@ -7,7 +7,7 @@
 //! [`options`].
 
 use std::io::Read;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -20,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::reaper::Reaper;
 
+pub mod idmap;
 pub mod options;
 
 /// The first argument that makes this binary the mount helper.
@@ -173,7 +174,18 @@ pub fn helper_main() -> i32 {
 
 fn mount_request(request: &Request) -> Result<(), String> {
     for m in &request.mounts {
-        let plan = options::plan(&m.fs_type, &m.options);
+        let (idmap, options) = idmap::split(&m.options)?;
+        let userns = idmap.as_ref().map(idmap::user_namespace).transpose()?;
+        let overlay = m.fs_type == "overlay";
+        // Held until the overlay is mounted: its layers are reached through the stage.
+        let (options, _stage) = match &userns {
+            Some(ns) if overlay => {
+                let (options, stage) = idmap::overlay_lowers(&options, &request.target, ns.as_fd())?;
+                (options, Some(stage))
+            }
+            _ => (options, None),
+        };
+        let plan = options::plan(&m.fs_type, &options);
         if let Some(dir) = &plan.chdir {
             std::env::set_current_dir(dir).map_err(|e| format!("overlay lower directories under {dir}: {e}"))?;
         }
@@ -181,6 +193,9 @@ fn mount_request(request: &Request) -> Result<(), String> {
         let source = (!m.source.is_empty()).then_some(m.source.as_str());
         options::apply(source, fs_type, &request.target, &plan)
             .map_err(|e| format!("mount {} {:?}: {e}", m.fs_type, m.source))?;
+        if let (Some(ns), false) = (&userns, overlay) {
+            idmap::remap_in_place(&request.target, ns.as_fd())?;
+        }
     }
     Ok(())
 }

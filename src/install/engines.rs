@@ -134,10 +134,11 @@ pub fn containerd_dropin(version: (u32, u32), main: Option<&str>) -> Result<Stri
          # `containerd-shim-gantry-v2 install`; removed by `uninstall`. Edit /etc/gantry/config.toml instead.\n";
     const OPTIONS: &str = "ConfigPath = \"/etc/gantry/config.toml\"\n";
     if version.0 >= 2 {
+        // No options table: with any, containerd 2.x's CRI wraps them as runtimeoptions and
+        // then fails every user-namespace container of a non-runc shim (it reads them back as
+        // runc options to set the I/O owner). gantry finds /etc/gantry/config.toml by itself.
         let table = "plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gantry";
-        return Ok(format!(
-            "{HEADER}version = 3\n\n[{table}]\n{RUNTIME_KEYS}\n[{table}.options]\n{OPTIONS}"
-        ));
+        return Ok(format!("{HEADER}version = 3\n\n[{table}]\n{RUNTIME_KEYS}"));
     }
     let plugin = "io.containerd.grpc.v1.cri";
     let bad = |e: &dyn std::fmt::Display| InstallError::MainConfig(format!("does not parse: {e}"));
@@ -376,18 +377,17 @@ mod tests {
 
     #[test]
     fn the_containerd_drop_in_matches_the_layout_of_the_version() {
-        for (version, plugin) in [
-            ((1, 6), "io.containerd.grpc.v1.cri"),
-            ((2, 2), "io.containerd.cri.v1.runtime"),
+        for (version, plugin, config_path) in [
+            ((1, 6), "io.containerd.grpc.v1.cri", Some("/etc/gantry/config.toml")),
+            // 2.x: no options (they break user-namespace containers); the default path serves.
+            ((2, 2), "io.containerd.cri.v1.runtime", None),
         ] {
             let text = containerd_dropin(version, None).unwrap();
             let t: toml::Table = toml::from_str(&text).unwrap();
             let gantry = &t["plugins"][plugin]["containerd"]["runtimes"]["gantry"];
             assert_eq!(gantry["runtime_type"].as_str(), Some("io.containerd.gantry.v2"));
-            assert_eq!(
-                gantry["options"]["ConfigPath"].as_str(),
-                Some("/etc/gantry/config.toml")
-            );
+            let path = gantry.get("options").and_then(|o| o["ConfigPath"].as_str());
+            assert_eq!(path, config_path, "{version:?}");
         }
     }
 
