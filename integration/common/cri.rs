@@ -83,6 +83,7 @@ impl Cri {
 
     pub fn ctr(&self, args: &[&str]) -> std::process::Output {
         run(Command::new("ctr")
+            .env("PATH", &self.path)
             .arg("--address")
             .arg(&self.sock)
             .args(["-n", CRI_NS])
@@ -211,7 +212,10 @@ state = {state:?}
     .unwrap();
 
     let shim_dir = Path::new(SHIM).parent().unwrap().to_path_buf();
-    let path = format!("{}:{}", shim_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let mut path = format!("{}:{}", shim_dir.display(), std::env::var("PATH").unwrap_or_default());
+    if let Some(engine) = engine_bin() {
+        path = format!("{}:{path}", engine.display());
+    }
     let log = dir.join("containerd.log");
     std::fs::File::create(&log).unwrap();
     let pid = spawn_containerd(&cd_config, &log, &path);
@@ -239,6 +243,16 @@ state = {state:?}
     }
     c.wait_ready().await;
     c
+}
+
+/// `GANTRY_TEST_ENGINE_BIN`: a directory whose containerd, ctr, runc shim and runc the CRI tests
+/// run instead of the host's (scripts/test.sh points it at scripts/stack.sh's containerd 2.3
+/// and runc 1.4 for the suite's second CRI pass). gantry runs that runc too: its config names
+/// `runc`, found in the same PATH.
+pub fn engine_bin() -> Option<PathBuf> {
+    std::env::var_os("GANTRY_TEST_ENGINE_BIN")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
 }
 
 /// Starts containerd on `config`, its output appended to `log`; returns its pid.
@@ -286,6 +300,20 @@ impl Cri {
 
     /// The CRI service answers, and its image store has caught up with the imports (it learns
     /// of them from containerd's events).
+    /// The major version of the containerd this harness runs (`containerd --version`: "containerd
+    /// github.com/containerd/containerd v1.6.20 ..." or ".../v2 v2.3.7 ...").
+    pub fn engine_major(&self) -> u32 {
+        let o = run(Command::new("containerd").env("PATH", &self.path).arg("--version"));
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        let version = text.split_whitespace().nth(2).unwrap_or_default();
+        let major = version
+            .trim_start_matches('v')
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok());
+        major.unwrap_or_else(|| panic!("containerd --version: {text:?}"))
+    }
+
     async fn wait_ready(&self) {
         let c = self;
         let ch = channel(&c.sock).await;
