@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The production-shaped node lane (run it as `scripts/test.sh --node`): builds the test
-# binaries here, then runs inside the Debian guest of scripts/node-vm.sh every integration
-# test whose behaviour depends on the host's shape. Extra arguments replace the default test
-# filters (e.g. `scripts/test.sh --node node::`).
+# binaries here, then runs inside the Debian guest of scripts/node-vm.sh every unit test (they
+# take about a minute there, and the live cgroup and AppArmor ones read the host) and every
+# integration test whose behaviour depends on the host's shape. Extra arguments replace the
+# default integration test filters (e.g. `scripts/test.sh --node node::`); `--no-unit` leaves
+# the unit tests out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +20,8 @@ FILTERS=(node:: node_fleet:: daemon_cgroup:: gpu:: task_api::pause_and_resume st
          crio::crio_lifecycle_grouping_and_shutdown
          cri_exec::cri_exec_with_a_terminal cri_restart:: faults::containerd_restart
          seccomp_notify::watched_calls seccomp_notify::the_crio_annotation seccomp_notify::a_)
+unit=1
+if [ "${1:-}" = --no-unit ]; then unit=0; shift; fi
 [ $# -gt 0 ] && FILTERS=("$@")
 
 echo "== node lane: building the test binaries on the host"
@@ -25,6 +29,11 @@ exe=$(cargo test --no-run --test integration --message-format=json 2>/dev/null |
   grep '"kind":\["test"\]' | grep '"name":"integration"' |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 [ -x "$exe" ] || { echo "node-lane: no integration test binary found" >&2; exit 1; }
+lib=$(cargo test --no-run --lib --message-format=json 2>/dev/null |
+  grep '"kind":\["lib"\]' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+[ -x "$lib" ] || { echo "node-lane: no unit test binary found" >&2; exit 1; }
+units=""
+[ "$unit" = 1 ] && units="$lib --test-threads=2"
 # The guest has no C compiler: the pause program the sandbox tests use is built here.
 mkdir -p target/node
 cc -static -Os -o target/node/pause integration/fixtures/pause.c
@@ -42,5 +51,8 @@ echo "== node lane: ${FILTERS[*]} in the guest"
 guest="set -e
 export GANTRY_PAUSE_BIN=$PWD/target/node/pause GANTRY_INSTALLER_IMAGES=$PWD/target/node RUST_BACKTRACE=1
 echo \"node: \$(uname -r), \$(stat -fc %T /sys/fs/cgroup), apparmor=\$(cat /sys/module/apparmor/parameters/enabled), pid1=\$(cat /proc/1/comm)\"
-$exe --include-ignored --test-threads=2 ${FILTERS[*]}"
+status=0
+${units:-true} || status=\$?
+$exe --include-ignored --test-threads=2 ${FILTERS[*]} || status=\$?
+exit \$status"
 exec scripts/node-vm.sh run --timeout "${GANTRY_NODE_TIMEOUT:-2700}" -- "$guest"

@@ -40,8 +40,11 @@ fi
 
 need_pkgs=()
 command -v go >/dev/null 2>&1 || export PATH=$PATH:/usr/local/go/bin
-if ! command -v go >/dev/null 2>&1; then
-  need_pkgs+=(golang-go)
+# These modules need Go 1.26 (containerd 2.3's go.mod says 1.26.8); Debian's golang-go is
+# older, so Go comes from go.dev's tarball in /usr/local/go, as on this project's machines.
+if ! go version 2>/dev/null | grep -qE 'go1\.(2[6-9]|[3-9][0-9])'; then
+  echo "stack: Go 1.26 or newer is needed (found: $(go version 2>/dev/null || echo none))" >&2
+  exit 1
 fi
 for pair in gcc:gcc pkg-config:pkg-config conmon:conmon; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need_pkgs+=("${pair#*:}")

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# Runs gantry's whole test suite as root, installing what is missing:
-#   1. the host suite: unit tests and the integration tests against a private containerd,
-#      runc and crun on this machine;
-#   2. the production-shaped node lane: the tests whose behaviour depends on the host's shape
+# Runs gantry's whole test suite as root, installing what is missing (Debian's packages:
+# scripts/deps.sh; the pinned upstream stack: scripts/stack.sh):
+#   1. the host suite: unit tests and the integration tests against a private containerd
+#      (Debian's 1.6), runc and crun on this machine; then the tests that run through
+#      containerd's CRI once more, against containerd 2.3 and runc 1.4 from the stack;
+#   2. critest through containerd 2.3, for gantry and for runc, parity enforced
+#      (scripts/critest.sh);
+#   3. the production-shaped node lane: the tests whose behaviour depends on the host's shape
 #      (cgroup v2, systemd, capabilities, a Type=notify containerd), run inside the Debian
 #      guest of scripts/node-vm.sh (scripts/node-lane.sh).
 #
-#   scripts/test.sh                     both, then one closing line for both
-#   scripts/test.sh --host [CARGO ARGS] the host suite only
+#   scripts/test.sh                     all three, then one closing line for the cargo tests
+#   scripts/test.sh --host [CARGO ARGS] the host suite only (with CARGO ARGS: only those)
+#   scripts/test.sh --critest           critest only
 #   scripts/test.sh --node [FILTERS]    the node lane only
 #
-# Each part ends with "tests: N passed, N failed, N skipped". Tests that need the node are
-# ignored on the host (cargo prints the reason) and counted as skipped there.
+# Each cargo part ends with "tests: N passed, N failed, N skipped". Tests that need the node
+# are ignored on the host (cargo prints the reason) and counted as skipped there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,8 +37,18 @@ summary() {
 host_suite() {
   scripts/deps.sh
   # (deps.sh also binds hugetlb to a v1 hierarchy on a hybrid host, for crun.)
+  scripts/stack.sh
   # --no-fail-fast: one failing test binary must not hide the results of the others.
-  cargo test --no-fail-fast --all-targets "$@"
+  if [ $# -gt 0 ]; then
+    cargo test --no-fail-fast --all-targets "$@"
+    return
+  fi
+  local status=0
+  cargo test --no-fail-fast --all-targets || status=$?
+  echo "== the CRI tests again, through containerd 2.3 and runc 1.4 (scripts/stack.sh)"
+  GANTRY_TEST_ENGINE_BIN=$(scripts/stack.sh --dir) \
+    cargo test --no-fail-fast --test integration -- cri:: cri_exec:: cri_restart:: || status=$?
+  return "$status"
 }
 
 # Runs one part with its output teed into $logs/$1; returns its exit status.
@@ -51,14 +66,17 @@ part() {
 case "${1:-}" in
   --host) shift; part host host_suite "$@" ;;
   --node) shift; scripts/deps.sh; part node scripts/node-lane.sh "$@" ;;
+  --critest) scripts/deps.sh; scripts/critest.sh containerd ;;
   *)
-    host=0 node=0
+    host=0 critest=0 node=0
     echo "== host suite"
     part host host_suite "$@" || host=$?
+    echo "== critest through containerd 2.3: gantry and runc, parity enforced"
+    scripts/critest.sh containerd || critest=$?
     echo "== production-shaped node lane"
     part node scripts/node-lane.sh || node=$?
-    echo "== whole suite (host + node lane)"
+    echo "== whole suite (host + node lane; critest: $([ "$critest" = 0 ] && echo parity held || echo FAILED))"
     summary "$logs/host" "$logs/node"
-    [ "$host" = 0 ] && [ "$node" = 0 ]
+    [ "$host" = 0 ] && [ "$critest" = 0 ] && [ "$node" = 0 ]
     ;;
 esac
