@@ -316,6 +316,13 @@ fn libcgroups_v1_cpu_split_is_in_ticks() {
 fn libcgroups_v2_cpu_split_is_ours(root: &str) {
     use libcgroups::common::CgroupManager;
 
+    // libcgroups' stats read every controller the root offers (hugetlb.*.events included) and
+    // fail on the first file missing, so the test cgroup gets them all; gantry's reader takes
+    // what is there.
+    let offered = fs::read_to_string(Path::new(root).join("cgroup.controllers")).unwrap();
+    for c in offered.split_whitespace() {
+        let _ = fs::write(Path::new(root).join("cgroup.subtree_control"), format!("+{c}"));
+    }
     let cg = TestCgroup::new(&[root], "libcg");
     let mut child = Gated::spawn(WORK);
     cg.add(child.pid());
