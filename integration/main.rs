@@ -8,6 +8,7 @@ mod cri;
 mod cri_exec;
 mod cri_restart;
 mod crio;
+mod crio_node;
 mod daemon_cgroup;
 mod faults;
 mod gpu;

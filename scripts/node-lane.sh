@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 # (stdio forms, event order, cancellation, shutdown, the fifty-container leak check) read
 # nothing of the host's shape and run in the host suite only: under TCG they took two thirds
 # of the lane's time.
-FILTERS=(node:: node_fleet:: daemon_cgroup:: gpu:: task_api::pause_and_resume stats_oom::oom stats_oom::crio_oom security:: cri:: sandbox::
+FILTERS=(node:: node_fleet:: crio_node:: daemon_cgroup:: gpu:: task_api::pause_and_resume stats_oom::oom stats_oom::crio_oom security:: cri:: sandbox::
          containerd::a_notify_socket containerd::crun_selected_by_config
          containerd::killed_daemon_is_cleaned_up_through_delete
          crio::crio_lifecycle_grouping_and_shutdown
@@ -47,9 +47,30 @@ scripts/image.sh --binary "$shim" --output target/node/installer-n.tar --name do
 scripts/image.sh --binary target/node/n1/containerd-shim-gantry-v2 --output target/node/installer-n1.tar \
   --name docker.io/gantry/installer:n1 >/dev/null
 
+# The pinned stack's CRI-O, runc, crictl and CNI plugins for crio_node:: (the guest reaches
+# only the checkout), and CRI-O's image store filled here with the pause and busybox images.
+scripts/stack.sh >/dev/null
+rm -rf target/node/stack && mkdir -p target/node/stack/bin
+stack=$(scripts/stack.sh --dir)
+cp "$stack"/{crio,pinns,runc,crictl} target/node/stack/bin/
+cp -r "$stack/../cni" target/node/stack/cni
+if [ ! -s target/node/crio-storage.tar ] || [ scripts/busybox-image.sh -nt target/node/crio-storage.tar ]; then
+  st=$(mktemp -d /var/tmp/gantry-node-storage.XXXXXX)
+  GANTRY_PAUSE_BIN=target/node/pause scripts/busybox-image.sh "$st/pause" localhost/gantry/pause:latest /pause >/dev/null
+  scripts/busybox-image.sh "$st/busybox" localhost/gantry/busybox:latest >/dev/null
+  for img in pause busybox; do
+    skopeo copy -q "oci-archive:$st/$img/image.tar" \
+      "containers-storage:[overlay@$st/storage+$st/run]localhost/gantry/$img:latest"
+  done
+  grep -o " $st/[^ ]*" /proc/self/mountinfo | xargs -r -n1 umount -l 2>/dev/null || true
+  tar -C "$st" -cf target/node/crio-storage.tar storage
+  rm -rf "$st"
+fi
+
 echo "== node lane: ${FILTERS[*]} in the guest"
 guest="set -e
 export GANTRY_PAUSE_BIN=$PWD/target/node/pause GANTRY_INSTALLER_IMAGES=$PWD/target/node RUST_BACKTRACE=1
+export GANTRY_STACK_BIN=$PWD/target/node/stack/bin GANTRY_CRIO_STORAGE=$PWD/target/node/crio-storage.tar
 echo \"node: \$(uname -r), \$(stat -fc %T /sys/fs/cgroup), apparmor=\$(cat /sys/module/apparmor/parameters/enabled), pid1=\$(cat /proc/1/comm)\"
 status=0
 ${units:-true} || status=\$?

@@ -56,7 +56,7 @@ DISK_SIZE=8G
 # not installed (debootstrap never does), which keeps the image small.
 PACKAGES=(
   systemd systemd-sysv dbus udev kmod linux-image-amd64
-  apparmor containerd runc crun criu libseccomp2
+  apparmor containerd runc crun criu libseccomp2 conmon nftables
   busybox-static iproute2 procps util-linux bsdutils libcap2-bin
 )
 # Host commands the script needs, and the Debian package each comes from.
