@@ -29,7 +29,7 @@ cni_bin=$(dirname "$bin")/cni
 cargo build --quiet --bin containerd-shim-gantry-v2
 shim_dir=$here/target/debug
 [ -x "$shim_dir/containerd-shim-gantry-v2" ] ||
-  shim_dir=$(dirname "$(find target -name containerd-shim-gantry-v2 -path '*debug*' -type f | head -1)")
+  shim_dir=$here/$(dirname "$(find target -name containerd-shim-gantry-v2 -path '*debug*' -type f | head -1)")
 
 work=$(mktemp -d /var/tmp/gantry-critest.XXXXXX)
 # As /run/containerd is: a user-namespace pod's root must reach its bundle's rootfs.
@@ -186,8 +186,9 @@ enable_nri = true
 nri_listen = "$work/nri.sock"
 CONF
   nri_socket=$work/nri.sock
-  CONTAINERS_REGISTRIES_CONF=$work/registries.conf PATH=$bin:$PATH \
-    "$bin/crio" --config "$work/crio.conf" --log-level info >"$work/engine.log" 2>&1 &
+  mkdir -p "$work/registries.conf.d"
+  PATH=$bin:$PATH "$bin/crio" --config "$work/crio.conf" --registries-conf "$work/registries.conf" \
+    --registries-conf-dir "$work/registries.conf.d" --log-level info >"$work/engine.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 300); do
     "$bin/crictl" --runtime-endpoint "unix://$sock" version >/dev/null 2>&1 && break

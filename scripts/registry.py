@@ -189,6 +189,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def handle(self):
+        # A client that hangs up mid-request (an engine's cancelled pull) is not an error here.
+        try:
+            super().handle()
+        except ConnectionError:
+            pass
+
     def reply(self, code, body=b"", media="application/json", digest=None, head=False):
         self.send_response(code)
         self.send_header("Content-Type", media)

@@ -4,8 +4,8 @@
 #   1. the host suite: unit tests and the integration tests against a private containerd
 #      (Debian's 1.6), runc and crun on this machine; then the tests that run through
 #      containerd's CRI once more, against containerd 2.3 and runc 1.4 from the stack;
-#   2. critest through containerd 2.3, for gantry and for runc, parity enforced
-#      (scripts/critest.sh);
+#   2. critest through containerd 2.3 and through CRI-O, each for gantry and for the engine's
+#      runc path, parity enforced (scripts/critest.sh);
 #   3. the production-shaped node lane: the tests whose behaviour depends on the host's shape
 #      (cgroup v2, systemd, capabilities, a Type=notify containerd), run inside the Debian
 #      guest of scripts/node-vm.sh (scripts/node-lane.sh).
@@ -66,13 +66,14 @@ part() {
 case "${1:-}" in
   --host) shift; part host host_suite "$@" ;;
   --node) shift; scripts/deps.sh; part node scripts/node-lane.sh "$@" ;;
-  --critest) scripts/deps.sh; scripts/critest.sh containerd ;;
+  --critest) scripts/deps.sh; scripts/critest.sh containerd && scripts/critest.sh crio ;;
   *)
     host=0 critest=0 node=0
     echo "== host suite"
     part host host_suite "$@" || host=$?
-    echo "== critest through containerd 2.3: gantry and runc, parity enforced"
+    echo "== critest through containerd 2.3, then CRI-O: gantry and runc, parity enforced"
     scripts/critest.sh containerd || critest=$?
+    scripts/critest.sh crio || critest=$?
     echo "== production-shaped node lane"
     part node scripts/node-lane.sh || node=$?
     echo "== whole suite (host + node lane; critest: $([ "$critest" = 0 ] && echo parity held || echo FAILED))"
