@@ -18,8 +18,9 @@ struct Crio {
 }
 
 impl Crio {
-    /// Starts CRI-O as a transient unit shaped like crio.service.
-    fn start() -> Self {
+    /// Starts CRI-O as a transient unit shaped like crio.service, with `manager` as its cgroup
+    /// manager (its default, systemd, or cgroupfs, which wants conmon in the pod's cgroup).
+    fn start(manager: &str) -> Self {
         let bin = PathBuf::from(std::env::var("GANTRY_STACK_BIN").expect("GANTRY_STACK_BIN (node-lane.sh sets it)"));
         let storage = PathBuf::from(std::env::var("GANTRY_CRIO_STORAGE").expect("GANTRY_CRIO_STORAGE"));
         let pid = std::process::id();
@@ -42,7 +43,14 @@ impl Crio {
         )
         .unwrap();
         let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-        std::fs::write(work.join("crio.conf"), config(&bin, &work, &run_dir, repo)).unwrap();
+        let mut conf = config(&bin, &work, &run_dir, repo);
+        if manager == "cgroupfs" {
+            conf = conf.replace(
+                "[crio.runtime]\n",
+                "[crio.runtime]\ncgroup_manager = \"cgroupfs\"\nconmon_cgroup = \"pod\"\n",
+            );
+        }
+        std::fs::write(work.join("crio.conf"), conf).unwrap();
         let unit = format!("gantry-test-crio-{pid}");
         let o = run(Command::new("systemd-run")
             .arg(format!("--unit={unit}"))
@@ -174,22 +182,47 @@ fn cgroup_of(pid: i64) -> String {
 }
 
 /// CRI-O's defaults on a systemd node: the container lands in its pod's slice with its limit,
-/// the pod's daemon lives in a scope of its own, `systemctl restart` of CRI-O's unit leaves the
-/// daemon serving (the container stays manageable: status, exec, stop), and nothing of gantry
-/// outlives the pod's removal.
+/// as conmon + runc's does, the pod's daemon lives in a scope of its own, `systemctl restart`
+/// of CRI-O's unit leaves the daemon serving (the container stays manageable: status, exec,
+/// stop), and nothing of gantry outlives the pod's removal.
 #[test]
 #[ignore = "needs the production-shaped node: run through scripts/test.sh --node"]
 fn crio_under_systemd_keeps_gantry_pods_in_their_slice_and_across_a_restart() {
     crate::node::on_node();
-    let crio = Crio::start();
-    let uid = format!("u{}", std::process::id());
-    let slice = format!("kubepods-besteffort-pod{uid}.slice");
-    let pod_json = crio.work.join("pod.json");
+    pods_in_their_cgroup_and_across_a_restart("systemd");
+}
+
+/// The same with CRI-O's cgroupfs manager: cgroupfs paths, the daemon still in its own scope.
+#[test]
+#[ignore = "needs the production-shaped node: run through scripts/test.sh --node"]
+fn crio_with_cgroupfs_keeps_gantry_pods_in_their_cgroup_and_across_a_restart() {
+    crate::node::on_node();
+    pods_in_their_cgroup_and_across_a_restart("cgroupfs");
+}
+
+/// A kubelet-style BestEffort pod of one 64 MiB container through `handler`; returns the pod's
+/// id, the container's, and where the container's cgroup must be.
+fn run_pod(crio: &Crio, manager: &str, handler: &str) -> (String, String, String) {
+    let uid = format!("u{}{handler}", std::process::id());
+    let (parent, want_dir) = match manager {
+        "systemd" => {
+            let slice = format!("kubepods-besteffort-pod{uid}.slice");
+            (
+                slice.clone(),
+                format!("/kubepods.slice/kubepods-besteffort.slice/{slice}"),
+            )
+        }
+        _ => {
+            let path = format!("/kubepods/besteffort/pod{uid}");
+            (path.clone(), path)
+        }
+    };
+    let pod_json = crio.work.join(format!("pod-{handler}.json"));
     std::fs::write(
         &pod_json,
         format!(
-            r#"{{"metadata":{{"name":"p","namespace":"default","uid":"{uid}"}},"log_directory":"{logs}",
-                "linux":{{"cgroup_parent":"{slice}","security_context":{{"namespace_options":{{"pid":1}}}}}}}}"#,
+            r#"{{"metadata":{{"name":"p-{handler}","namespace":"default","uid":"{uid}"}},"log_directory":"{logs}",
+                "linux":{{"cgroup_parent":"{parent}","security_context":{{"namespace_options":{{"pid":1}}}}}}}}"#,
             logs = crio.work.join("pod-logs").display()
         ),
     )
@@ -198,39 +231,77 @@ fn crio_under_systemd_keeps_gantry_pods_in_their_slice_and_across_a_restart() {
     std::fs::write(
         &ctr_json,
         r#"{"metadata":{"name":"c"},"image":{"image":"localhost/gantry/busybox:latest"},"command":["sleep","1000"],
-            "log_path":"c.log","linux":{"resources":{"memory_limit_in_bytes":67108864}}}"#,
+            "log_path":"c.log","linux":{"resources":{"memory_limit_in_bytes":67108864},
+            "security_context":{"namespace_options":{"pid":1}}}}"#,
     )
     .unwrap();
-    let pod = crio.ok(&["runp", "--runtime", "gantry", pod_json.to_str().unwrap()]);
+    let pod = crio.ok(&["runp", "--runtime", handler, pod_json.to_str().unwrap()]);
     let ctr = crio.ok(&["create", &pod, ctr_json.to_str().unwrap(), pod_json.to_str().unwrap()]);
     crio.ok(&["start", &ctr]);
+    let leaf = match manager {
+        "systemd" => format!("crio-{ctr}.scope"),
+        _ => format!("crio-{ctr}"),
+    };
+    (pod, ctr.clone(), format!("{want_dir}/{leaf}"))
+}
 
-    // In the pod's slice, as conmon + runc put it, with its limit there.
+/// Whether `crictl statsp` counts the pod's memory and processes (conmon + runc's pod has no
+/// infra process: CRI-O drops it), waiting a while for CRI-O's stats; with the last answer.
+fn pod_counted(crio: &Crio, pod: &str) -> (bool, serde_json::Value) {
+    let mut stats = serde_json::Value::Null;
+    let counted = wait_until(Duration::from_secs(30), || {
+        stats = crio.json(&["statsp", "-o", "json", "--id", pod]);
+        let linux = &stats["stats"][0]["linux"];
+        let value = |v: &serde_json::Value| v["value"].as_str().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        value(&linux["memory"]["workingSetBytes"]) > 0 && value(&linux["process"]["processCount"]) >= 1
+    });
+    (counted, stats)
+}
+
+/// One CRI-O at a time: two would share its node-wide paths (the NRI socket, /var/lib/crio).
+static ONE_CRIO: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn pods_in_their_cgroup_and_across_a_restart(manager: &str) {
+    let _one = ONE_CRIO.lock().unwrap_or_else(|e| e.into_inner());
+    let crio = Crio::start(manager);
+
+    // The control: CRI-O's default handler, conmon + runc, puts its container here.
+    let (runc_pod, runc_ctr, runc_want) = run_pod(&crio, manager, "runc");
+    let runc_pid = crio.json(&["inspect", &runc_ctr])["info"]["pid"].as_i64().unwrap();
+    assert_eq!(cgroup_of(runc_pid), runc_want, "conmon + runc's container");
+    let (runc_counted, runc_stats) = pod_counted(&crio, &runc_pod);
+    // With the systemd manager CRI-O reads the pod's slice; with cgroupfs it may count nothing,
+    // and then there is nothing to compare.
+    assert!(manager != "systemd" || runc_counted, "{runc_stats}");
+    crio.ok(&["stop", "-t", "0", &runc_ctr]);
+    crio.ok(&["rmp", "-f", &runc_pod]);
+
+    // gantry's lands where runc's does, with its limit there.
+    let (pod, ctr, want) = run_pod(&crio, manager, "gantry");
     let info = crio.json(&["inspect", &ctr]);
     let pid = info["info"]["pid"].as_i64().unwrap();
     let cg = cgroup_of(pid);
-    let want = format!("/kubepods.slice/kubepods-besteffort.slice/{slice}/crio-{ctr}.scope");
     assert_eq!(cg, want, "{}", crio.journal());
     let max = std::fs::read_to_string(format!("/sys/fs/cgroup{cg}/memory.max")).unwrap();
     assert_eq!(max.trim(), "67108864");
     let infra = crio.json(&["inspectp", &pod]);
     let infra_pid = infra["info"]["pid"].as_i64().unwrap();
+    let pod_dir = want.rsplit_once('/').unwrap().0.to_string();
     assert!(
-        cgroup_of(infra_pid).starts_with(&format!("/kubepods.slice/kubepods-besteffort.slice/{slice}/")),
-        "the pod's infra process is outside its slice: {}",
+        cgroup_of(infra_pid).starts_with(&format!("{pod_dir}/")),
+        "the pod's infra process is outside {pod_dir}: {}",
         cgroup_of(infra_pid)
     );
 
-    // CRI-O's pod stats come from the pod's slice: the container's memory shows there.
-    let mut stats = serde_json::Value::Null;
-    let counted = wait_until(Duration::from_secs(60), || {
-        stats = crio.json(&["statsp", "-o", "json", "--id", &pod]);
-        let linux = &stats["stats"][0]["linux"];
-        let value = |v: &serde_json::Value| v["value"].as_str().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        // The pod's processes: its infra and the container's sleep.
-        value(&linux["memory"]["workingSetBytes"]) > 0 && value(&linux["process"]["processCount"]) >= 2
-    });
-    assert!(counted, "crictl statsp shows no memory for the pod: {stats}");
+    // CRI-O's pod stats (from the pod's cgroup) count gantry's pod wherever they count
+    // conmon + runc's.
+    if runc_counted {
+        let (counted, stats) = pod_counted(&crio, &pod);
+        assert!(
+            counted,
+            "crictl statsp shows no memory for gantry's pod, as it did for runc's: {stats}"
+        );
+    }
 
     // The pod's daemon: out of CRI-O's unit, in a scope of its own.
     let bundle = crio.run.join("storage/overlay-containers").join(&pod).join("userdata");
