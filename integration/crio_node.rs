@@ -51,9 +51,21 @@ impl Crio {
             );
         }
         std::fs::write(work.join("crio.conf"), conf).unwrap();
-        let unit = format!("gantry-test-crio-{pid}");
+        let c = Crio {
+            bin,
+            work,
+            run: run_dir,
+            unit: format!("gantry-test-crio-{pid}"),
+        };
+        c.launch();
+        c
+    }
+
+    /// Runs CRI-O in its unit (transient: gone once stopped, so a later start runs it anew) and
+    /// waits until it answers.
+    fn launch(&self) {
         let o = run(Command::new("systemd-run")
-            .arg(format!("--unit={unit}"))
+            .arg(format!("--unit={}", self.unit))
             .args([
                 "-p",
                 "Type=notify",
@@ -62,24 +74,16 @@ impl Crio {
                 "-p",
                 "OOMScoreAdjust=-999",
             ])
-            .arg(format!("--setenv=PATH={}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display()))
-            .arg(bin.join("crio"))
+            .arg(format!(
+                "--setenv=PATH={}:/usr/sbin:/usr/bin:/sbin:/bin",
+                self.bin.display()
+            ))
+            .arg(self.bin.join("crio"))
             .arg("--config")
-            .arg(work.join("crio.conf")));
-        let journal = || {
-            let o = run(Command::new("journalctl").args(["-u", &unit, "--no-pager", "-n", "40"]));
-            String::from_utf8_lossy(&o.stdout).into_owned()
-        };
-        assert!(o.status.success(), "{}\n{}", text(&o), journal());
-        let c = Crio {
-            bin,
-            work,
-            run: run_dir,
-            unit,
-        };
-        let up = wait_until(Duration::from_secs(120), || c.crictl(&["version"]).status.success());
-        assert!(up, "CRI-O did not come up:\n{}", c.journal());
-        c
+            .arg(self.work.join("crio.conf")));
+        assert!(o.status.success(), "{}\n{}", text(&o), self.journal());
+        let up = wait_until(Duration::from_secs(120), || self.crictl(&["version"]).status.success());
+        assert!(up, "CRI-O did not come up:\n{}", self.journal());
     }
 
     fn crictl(&self, args: &[&str]) -> Output {
@@ -258,6 +262,35 @@ fn pod_counted(crio: &Crio, pod: &str) -> (bool, serde_json::Value) {
     (counted, stats)
 }
 
+/// A container of `cmd` in `pod` (made by [`run_pod`] for `handler`), started; its id.
+fn add_container(crio: &Crio, pod: &str, handler: &str, name: &str, cmd: &str) -> String {
+    let json = crio.work.join(format!("ctr-{name}.json"));
+    std::fs::write(
+        &json,
+        format!(
+            r#"{{"metadata":{{"name":"{name}"}},"image":{{"image":"localhost/gantry/busybox:latest"}},
+                "command":["sh","-c","{cmd}"],"log_path":"{name}.log",
+                "linux":{{"security_context":{{"namespace_options":{{"pid":1}}}}}}}}"#
+        ),
+    )
+    .unwrap();
+    let pod_json = crio.work.join(format!("pod-{handler}.json"));
+    let id = crio.ok(&["create", pod, json.to_str().unwrap(), pod_json.to_str().unwrap()]);
+    crio.ok(&["start", &id]);
+    id
+}
+
+/// Waits until `ctr` is reported exited; its status.
+fn exited(crio: &Crio, ctr: &str) -> serde_json::Value {
+    let mut st = serde_json::Value::Null;
+    let done = wait_until(Duration::from_secs(60), || {
+        st = crio.json(&["inspect", ctr]);
+        st["status"]["state"] == "CONTAINER_EXITED"
+    });
+    assert!(done, "{ctr} not reported exited: {st}\n{}", crio.journal());
+    st
+}
+
 /// One CRI-O at a time: two would share its node-wide paths (the NRI socket, /var/lib/crio).
 static ONE_CRIO: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -293,6 +326,18 @@ fn pods_in_their_cgroup_and_across_a_restart(manager: &str) {
         cgroup_of(infra_pid)
     );
 
+    // The pause ran through the fast path: runc knows the container, not the pod's infra.
+    let runc_state = std::fs::read_dir("/run/gantry/runtime")
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|ns| ns.join(&ctr).exists())
+        .expect("no runc state for gantry's container under /run/gantry/runtime");
+    assert!(
+        !runc_state.join(&pod).exists(),
+        "the sandbox fast path was not taken for an ordinary pod:\n{}",
+        crio.journal()
+    );
+
     // CRI-O's pod stats (from the pod's cgroup) count gantry's pod wherever they count
     // conmon + runc's.
     if runc_counted {
@@ -316,8 +361,10 @@ fn pods_in_their_cgroup_and_across_a_restart(manager: &str) {
         "daemon {daemon} lives in {home}"
     );
 
-    // CRI-O's unit restarted as `systemctl restart crio` does: the daemon stays, and CRI-O
-    // reaches the container through it afterwards.
+    // CRI-O's unit restarted as `systemctl restart crio` does, while a container of the pod
+    // exits: the daemon stays, CRI-O reaches the pod through it afterwards, and the exit is
+    // reported with its code.
+    let ends = add_container(&crio, &pod, "gantry", "ends", "sleep 2; exit 3");
     let o = run(Command::new("systemctl").args(["restart", &crio.unit]));
     assert!(o.status.success(), "{}", text(&o));
     let up = wait_until(Duration::from_secs(120), || crio.crictl(&["version"]).status.success());
@@ -332,6 +379,21 @@ fn pods_in_their_cgroup_and_across_a_restart(manager: &str) {
         crio.ok(&["exec", &ctr, "echo", "after the restart"]),
         "after the restart"
     );
+    assert_eq!(exited(&crio, &ends)["status"]["exitCode"], 3);
+    crio.ok(&["rm", &ends]);
+
+    // CRI-O stopped for 10 s, then started again: the same.
+    let o = run(Command::new("systemctl").args(["stop", &crio.unit]));
+    assert!(o.status.success(), "{}", text(&o));
+    std::thread::sleep(Duration::from_secs(10));
+    assert!(
+        Path::new(&format!("/proc/{daemon}")).exists(),
+        "the stop took the daemon down"
+    );
+    crio.launch();
+    let st = crio.json(&["inspect", &ctr]);
+    assert_eq!(st["status"]["state"], "CONTAINER_RUNNING", "{st}");
+    assert_eq!(crio.ok(&["exec", &ctr, "echo", "after the stop"]), "after the stop");
 
     // Stopped and removed through the same daemon; then nothing of it is left.
     crio.ok(&["stop", "-t", "2", &ctr]);

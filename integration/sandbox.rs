@@ -770,3 +770,45 @@ async fn fast_path_applies_a_negative_oom_score_adj() {
     drop(pinned);
     assert_clean(env, &ns);
 }
+
+/// Delete finishes a fast-path sandbox whose cgroup has already lost a hierarchy's directory
+/// (containerd 2.3's CRI cleaning up a RunPodSandbox its NRI hook failed: "failed to read
+/// .../memory/k8s.io/<id>/cgroup.procs: No such file or directory", and the pod was left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_finishes_when_a_cgroup_directory_is_already_gone() {
+    let env = env();
+    let ns = env.namespace("sbx-gone");
+    let rootfs = pause_rootfs();
+    let pinned = Pinned::new(&ns.dir);
+    let b = pause_bundle(&ns, "pg1", &rootfs, &pinned, |_| {});
+    let (client, pid) = start_pause(&ns, &b).await;
+    assert_eq!(started_by(&ns, "pg1"), "fast path");
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let relative = cgroup
+        .lines()
+        .next()
+        .unwrap()
+        .splitn(3, ':')
+        .nth(2)
+        .unwrap()
+        .to_string();
+    let t = crate::common::task::task(&client, "pg1");
+    t.kill(9).await.unwrap();
+    t.wait().await.unwrap();
+    let dirs = crate::common::cri::cgroup_dirs(&relative);
+    assert!(!dirs.is_empty(), "no directory for {relative}");
+    // The memory hierarchy's, as seen (v1); the one directory on a v2 host.
+    let gone = dirs
+        .iter()
+        .find(|d| d.starts_with("/sys/fs/cgroup/memory"))
+        .unwrap_or(&dirs[0]);
+    std::fs::remove_dir(gone).unwrap();
+    assert_eq!(crate::common::crio_remove(&client, "pg1").await.exit_status, 137);
+    assert!(
+        crate::common::cri::cgroup_dirs(&relative).is_empty(),
+        "{:?}",
+        crate::common::cri::cgroup_dirs(&relative)
+    );
+    drop(pinned);
+    assert_clean(env, &ns);
+}

@@ -431,7 +431,18 @@ pub fn remove(path: &Path) -> Result<(), CgroupError> {
         return manager(path)?.remove().map_err(|e| err(path, e));
     }
     empty(path);
-    manager(path)?.remove().map_err(|e| err(path, e))?;
+    if let Err(e) = manager(path)?.remove() {
+        // libcgroups stops at the first hierarchy whose directory is gone already (seen when a
+        // failed RunPodSandbox's cleanup raced the init's exit); the rest go here, and only a
+        // directory that stays is an error.
+        let stayed = hierarchies(|_| true)
+            .into_iter()
+            .map(|m| m.join(relative(path)))
+            .any(|dir| std::fs::remove_dir(&dir).is_err() && dir.exists());
+        if stayed {
+            return Err(err(path, e));
+        }
+    }
     for mount in extra_hierarchies() {
         let dir = mount.join(relative(path));
         match std::fs::remove_dir(&dir) {
