@@ -77,6 +77,17 @@ cat >"$work/cni-conf/10-critest.conflist" <<JSON
 JSON
 # gantry runs as shipped: runtime-conf/gantry.toml, which holds the defaults.
 
+# The engine just started in the background (its pid in $!) answers CRI on SOCK: it becomes
+# the endpoint, and is stopped on exit.
+engine_started() {
+  pids+=($!)
+  for _ in $(seq 300); do
+    "$bin/crictl" --runtime-endpoint "unix://$1" version >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  endpoint=unix://$1
+}
+
 start_containerd() {
   local sock=$work/containerd.sock
   for host in registry.k8s.io k8s.gcr.io gcr.io; do
@@ -121,12 +132,7 @@ state = "$work/state"
     conf_dir = "$work/cni-conf"
 TOML
   PATH=$shim_dir:$bin:$PATH GANTRY_CONFIG=$here/runtime-conf/gantry.toml "$bin/containerd" --config "$work/containerd.toml" >"$work/engine.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 300); do
-    "$bin/crictl" --runtime-endpoint "unix://$sock" version >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-  endpoint=unix://$sock
+  engine_started "$sock"
   nri_socket=$work/nri.sock
 }
 
@@ -189,12 +195,7 @@ CONF
   mkdir -p "$work/registries.conf.d"
   PATH=$bin:$PATH "$bin/crio" --config "$work/crio.conf" --registries-conf "$work/registries.conf" \
     --registries-conf-dir "$work/registries.conf.d" --log-level info >"$work/engine.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 300); do
-    "$bin/crictl" --runtime-endpoint "unix://$sock" version >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-  endpoint=unix://$sock
+  engine_started "$sock"
 }
 
 start_"$engine"
